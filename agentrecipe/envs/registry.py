@@ -1,0 +1,25 @@
+"""Environment families by name. Each family is a module exposing:
+
+- ``check_level(name: str) -> None``: raise ValueError for a level it cannot build;
+- ``build_games(level, split, seeds, out_dir, options) -> list[GameSpec]``:
+  make (or import) the games of one level and split, in this process;
+- ``make_env(options) -> Env``: an environment that can play its games.
+
+Modules are imported lazily, so TextWorld users never import ALFWorld.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+FAMILIES: dict[str, str] = {
+    "textworld": "agentrecipe.envs.textworld_env",
+    "alfworld": "agentrecipe.envs.alfworld",
+}
+
+
+def get_family(name: str) -> ModuleType:
+    if name not in FAMILIES:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(sorted(FAMILIES))}")
+    return importlib.import_module(FAMILIES[name])

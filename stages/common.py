@@ -1,0 +1,34 @@
+"""What every stage script shares: reading its params sections and its command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from agentrecipe.config import ConfigError, load_config
+
+
+def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default="params.yaml", help="composed params file")
+    if add_arguments:
+        add_arguments(parser)
+    return parser.parse_args()
+
+
+def load_sections(path: str, sections: list[str]) -> dict[str, Any]:
+    """Typed sections of params.yaml; a bad key stops the stage before any work."""
+    try:
+        return load_config(path, sections)
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+
+
+def torch_threads() -> None:
+    """Use the cores we were given, no more (DVC may run stages side by side)."""
+    import torch
+
+    n = int(os.environ.get("AGENTRECIPE_THREADS", "0")) or (os.cpu_count() or 1)
+    torch.set_num_threads(n)
