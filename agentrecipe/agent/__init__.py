@@ -1,0 +1,1 @@
+"""Prompt format, reply parsing and constrained decoding."""

@@ -1,0 +1,1 @@
+"""Multi-turn rollouts and generation backends."""

@@ -1,0 +1,64 @@
+"""One played episode, as the policy generated it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentrecipe.envs.base import GameSpec, Observation
+
+
+@dataclass
+class Episode:
+    game: GameSpec
+    observations: list[Observation] = field(default_factory=list)
+    """Observation before each turn, plus the final one (len = turns + 1 when the game went on)."""
+    actions: list[list[int]] = field(default_factory=list)
+    """Token ids each turn's reply was sampled as (eos included when generated)."""
+    logprobs: list[list[float]] = field(default_factory=list)
+    allowed: list[list[list[int]] | None] = field(default_factory=list)
+    """Per turn, per token: the ids constrained decoding allowed (None for free decoding)."""
+    action_texts: list[str | None] = field(default_factory=list)
+    """Parsed action of each turn (None: malformed reply, counted invalid)."""
+    score_deltas: list[float] = field(default_factory=list)
+    invalid: list[bool] = field(default_factory=list)
+    won: bool = False
+    lost: bool = False
+    done: bool = False
+    truncated: bool = False
+    """Ended by the turn limit or the context limit, not by the game."""
+    failed: bool = False
+    """The environment crashed or hung; the episode is recorded but not trained on."""
+    error: str = ""
+
+    @property
+    def turns(self) -> int:
+        return len(self.actions)
+
+    @property
+    def score(self) -> float:
+        return float(sum(self.score_deltas))
+
+    def summary(self) -> dict:
+        return {
+            "game": self.game.path,
+            "level": self.game.level,
+            "seed": self.game.seed,
+            "won": self.won,
+            "lost": self.lost,
+            "score": self.score,
+            "max_score": self.game.max_score,
+            "turns": self.turns,
+            "invalid": int(sum(self.invalid)),
+            "truncated": self.truncated,
+            "failed": self.failed,
+            "error": self.error,
+        }
+
+    def transcript(self) -> list[dict]:
+        """Readable turns: observation then action, for inspection."""
+        rows = []
+        for t, obs in enumerate(self.observations):
+            rows.append({"role": "user", "text": obs.text, "admissible": list(obs.admissible_commands)})
+            if t < len(self.action_texts):
+                rows.append({"role": "assistant", "text": self.action_texts[t], "invalid": self.invalid[t]})
+        return rows

@@ -1,0 +1,1 @@
+"""SFT and RL training loops on DeepSpeed engines; checkpoints."""

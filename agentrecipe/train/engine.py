@@ -1,0 +1,80 @@
+"""DeepSpeed engines for SFT and RL, the same code on a laptop CPU and on GPUs.
+
+A single process without a launcher gets RANK=0 / WORLD_SIZE=1 and a free
+MASTER_PORT, so DeepSpeed picks its CPU accelerator and the gloo backend. Under
+`deepspeed` / `torchrun` the launcher's variables are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from agentrecipe.config import DeepSpeedConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Set up torch.distributed once (single process unless a launcher says otherwise)."""
+    import deepspeed
+
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", verbose=False)
+
+
+def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: float, weight_decay: float = 0.0,
+              warmup_steps: int = 0, total_steps: int = 0) -> dict:
+    """The DeepSpeed JSON config for our settings (AdamW, linear warmup then constant or decay)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cfg: dict = {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "train_batch_size": micro_batch * world,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": max_grad_norm,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.95], "torch_adam": ds.torch_adam},
+        },
+        "zero_optimization": {"stage": ds.zero_stage},
+        "bf16": {"enabled": ds.precision == "bf16"},
+        "fp16": {"enabled": ds.precision == "fp16"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if ds.offload_optimizer:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    if total_steps > 0:
+        cfg["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": max(1, warmup_steps),
+                       "total_num_steps": max(total_steps, warmup_steps + 1), "warmup_type": "linear"},
+        }
+    elif warmup_steps > 0:
+        cfg["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps, "warmup_type": "linear"},
+        }
+    return cfg
+
+
+def make_engine(model: torch.nn.Module, config: dict):
+    """Wrap `model` in a DeepSpeed engine built from `config` (see ds_config)."""
+    import deepspeed
+
+    init_distributed()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config)
+    return engine
+
+
+def unwrap(engine) -> torch.nn.Module:
+    return getattr(engine, "module", engine)
