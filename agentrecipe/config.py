@@ -61,6 +61,11 @@ class EnvConfig:
     alfworld: dict[str, Any] = field(default_factory=dict)
     """ALFWorld-only options (see params/env/alfworld.yaml)."""
 
+    @property
+    def family_options(self) -> dict[str, Any]:
+        """Options handed to the environment family (build_games / make_env)."""
+        return dict(self.alfworld) if self.name == "alfworld" else {}
+
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "env.levels", "needs at least one level")
         for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test"):

@@ -32,3 +32,17 @@ def torch_threads() -> None:
 
     n = int(os.environ.get("AGENTRECIPE_THREADS", "0")) or (os.cpu_count() or 1)
     torch.set_num_threads(n)
+
+
+def dvclive_logger(live):
+    """A `log(step, metrics)` callback writing DVCLive metrics at `step` (rank 0 only)."""
+
+    def log(step: int, metrics: dict) -> None:
+        if int(os.environ.get("RANK", "0")) != 0:
+            return
+        live.step = step
+        for key, value in metrics.items():
+            live.log_metric(key, value)
+        live.make_summary()
+
+    return log

@@ -115,3 +115,13 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
+    folder = Path(folder)
+    if not (folder / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"{folder}: no tokenizer found; run the prepare_model stage first")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

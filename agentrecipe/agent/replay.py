@@ -1,0 +1,35 @@
+"""Replay a game's expert plan: the source of demonstrations and of the tiny tokenizer's corpus."""
+
+from __future__ import annotations
+
+from agentrecipe.agent.prompt import INVALID_REPLY, SYSTEM_PROMPT, user_text
+from agentrecipe.envs.base import Env, GameSpec, Observation
+
+
+def replay_expert(env: Env, game: GameSpec, max_turns: int = 200) -> tuple[list[Observation], list[str]]:
+    """Play the game's expert plan (or the env's next expert action); return (observations, actions).
+
+    observations has one more entry than actions (the final state). Raises if the expert does not win.
+    """
+    obs = env.reset(game)
+    observations, actions = [obs], []
+    plan = list(game.expert_plan)
+    while not obs.won and len(actions) < max_turns:
+        action = plan[len(actions)] if len(actions) < len(plan) else obs.expert_action
+        if not action:
+            break
+        obs, _, done, _ = env.step(action)
+        observations.append(obs)
+        actions.append(action)
+        if done:
+            break
+    if not obs.won:
+        raise ValueError(f"{game.path}: the expert plan did not win the game after {len(actions)} actions")
+    return observations, actions
+
+
+def corpus_texts(observations: list[Observation], actions: list[str]) -> list[str]:
+    """Every piece of text the agent will read or write in this episode."""
+    texts = [user_text(observations[0], True, with_goal=True)]
+    texts += [user_text(o, True, with_goal=False) for o in observations[1:]]
+    return texts + list(actions) + [SYSTEM_PROMPT, INVALID_REPLY]

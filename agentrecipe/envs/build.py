@@ -1,0 +1,96 @@
+"""The curriculum build: every level's train / valid / test games, checked, plus a manifest.
+
+Game i of split S uses seed ``seed_S + i`` (EnvConfig keeps the three ranges apart);
+ood levels get test games only. Games go to ``out_dir/<level>/<split>/`` and are made
+by `env_cfg.workers` processes, each building a batch of games (one interpreter start
+per batch, not per game). Every expert plan is replayed and must win its game.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+from pathlib import Path
+
+from tqdm import tqdm
+
+from agentrecipe.config import EnvConfig
+from agentrecipe.envs import registry
+from agentrecipe.envs.base import GameSpec
+from agentrecipe.envs.manifest import SPLITS, write_manifest
+
+Job = tuple[str, str, str, list[int], str, dict]  # family module, level, split, seeds, folder, options
+
+
+def check_plan(env, game: GameSpec) -> None:
+    """Replay the expert plan; RuntimeError naming the game unless it wins at its last step."""
+    obs = env.reset(game)
+    for i, action in enumerate(game.expert_plan):
+        obs, _, done, _ = env.step(action)
+        if done and i < len(game.expert_plan) - 1:
+            break
+    if not obs.won:
+        raise RuntimeError(
+            f"expert plan does not win {game.path} (level {game.level}, {game.split} seed {game.seed}): "
+            f"{' > '.join(game.expert_plan)}; the game says: {obs.text[-200:]!r}"
+        )
+
+
+def build_batch(job: Job) -> list[GameSpec]:
+    """Build one batch of games of one level and split, and check their plans (runs in a worker)."""
+    module, level, split, seeds, folder, options = job
+    family = importlib.import_module(module)
+    games = family.build_games(level, split, seeds, folder, options)
+    env = family.make_env(options)
+    try:
+        for game in games:
+            check_plan(env, game)
+    finally:
+        env.close()
+    return games
+
+
+def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
+    """Batches of seeds: about four per worker, so a slow level does not leave workers idle."""
+    wanted: list[tuple[str, str, list[int]]] = []
+    for level in env_cfg.levels:
+        for split in SPLITS:
+            first, n = getattr(env_cfg, f"seed_{split}"), getattr(env_cfg, f"n_{split}")
+            wanted.append((level, split, list(range(first, first + n))))
+    for level in env_cfg.ood_levels:
+        if level not in env_cfg.levels:
+            wanted.append((level, "test", list(range(env_cfg.seed_test, env_cfg.seed_test + env_cfg.n_test))))
+    total = sum(len(seeds) for *_, seeds in wanted)
+    size = max(1, -(-total // (4 * env_cfg.workers)))
+    return [
+        (registry.FAMILIES[env_cfg.name], level, split, seeds[i : i + size], str(out_dir / level / split), options)
+        for level, split, seeds in wanted
+        for i in range(0, len(seeds), size)
+    ]
+
+
+def _batches(workers: int, jobs: list[Job]):
+    """Built batches as they finish; one worker builds in this process."""
+    if workers == 1 or len(jobs) <= 1:
+        yield from map(build_batch, jobs)
+        return
+    with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:  # terminated on error
+        yield from pool.imap_unordered(build_batch, jobs)
+
+
+def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = True) -> list[GameSpec]:
+    """Build all games of `env_cfg` under out_dir and write out_dir/manifest.jsonl."""
+    out_dir = Path(out_dir)
+    family = registry.get_family(env_cfg.name)
+    for level in [*env_cfg.levels, *env_cfg.ood_levels]:
+        family.check_level(level)  # fail before any game is made
+    options = env_cfg.family_options
+    jobs = plan_jobs(env_cfg, out_dir, options)
+    games: list[GameSpec] = []
+    with tqdm(total=sum(len(job[3]) for job in jobs), desc="build games", unit="game", disable=not progress) as bar:
+        for batch in _batches(env_cfg.workers, jobs):
+            games.extend(batch)
+            bar.update(len(batch))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_manifest(games, out_dir / "manifest.jsonl")
+    return sorted(games, key=lambda g: (g.level, SPLITS.index(g.split), g.seed))

@@ -1,0 +1,222 @@
+"""TextWorld: level names, in-process game generation (what `tw-make` does), and the Env.
+
+Levels (see params/env/textworld.yaml):
+
+- ``wW-oO-qQ``: ``tw-make custom --world-size W --nb-objects O --quest-length Q``;
+- ``simple[-R][-G]``: ``tw-make tw-simple --rewards R --goal G`` (R dense|balanced|sparse,
+  default dense; G detailed|brief|none, default detailed);
+- ``cooking-rR-tT-gG``: ``tw-make tw-cooking --recipe R --take T --go G`` (G in 1, 6, 9, 12).
+
+Games are generated and compiled in the calling process (one interpreter start for many
+games). The same level and seed give the same game files, byte for byte: the only
+date-dependent bytes of a compiled game, the Z-machine serial number, are fixed.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from agentrecipe.config import COOKING_LEVEL, CUSTOM_LEVEL, SIMPLE_LEVEL
+from agentrecipe.envs.base import GameSpec, Observation
+
+COOKING_ROOMS = (1, 6, 9, 12)
+MAX_ACTION_CHARS = 200
+UNKNOWN_VERB = "That's not a verb I recognise."
+# Interpreter meta-commands: they write files (save, script), wait for a yes/no
+# answer (quit, restart) or change how the game talks. Never sent to the engine.
+META_VERBS = frozenset(
+    "quit q restart save restore script unscript transcript noscript undo version "
+    "notify verbose brief superbrief normal short long".split()
+)
+
+
+# ------------------------------------------------------------------------ levels
+def parse_level(name: str) -> tuple[str, dict[str, Any]]:
+    """(kind, settings) of a level name; ValueError naming it when it is not a TextWorld level."""
+    if m := CUSTOM_LEVEL.match(name):
+        w, o, q = map(int, m.groups())
+        if w < 1 or q < 1:
+            raise ValueError(f"TextWorld level {name!r}: needs at least 1 room (w) and a quest length q >= 1")
+        return "custom", {"world_size": w, "nb_objects": o, "quest_length": q}
+    if m := SIMPLE_LEVEL.match(name):
+        return "tw-simple", {"rewards": m.group(2) or "dense", "goal": m.group(4) or "detailed", "test": False}
+    if m := COOKING_LEVEL.match(name):
+        r, t, g = map(int, m.groups())
+        if g not in COOKING_ROOMS:
+            raise ValueError(f"TextWorld level {name!r}: cooking games have g in {COOKING_ROOMS} rooms, got {g}")
+        if r < 1 or t > r:
+            raise ValueError(f"TextWorld level {name!r}: cooking needs recipe r >= 1 and take t <= r")
+        # The defaults of every other `tw-make tw-cooking` flag.
+        return "tw-cooking", {"recipe": r, "take": t, "go": g, "open": False, "cook": False, "cut": False,
+                              "drop": False, "recipe_seed": 0, "split": None}
+    raise ValueError(
+        f"unknown TextWorld level {name!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
+        "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG (G in 1, 6, 9, 12)"
+    )
+
+
+def check_level(name: str) -> None:
+    parse_level(name)
+
+
+# -------------------------------------------------------------------- generation
+def make_game(level: str, seed: int, path: str | Path):
+    """A textworld.Game for `level` and `seed`, with its GameOptions set to compile to `path`."""
+    import textworld
+    import textworld.challenges
+    from textworld.generator import make_game as tw_make_game
+
+    kind, settings = parse_level(level)
+    options = textworld.GameOptions()
+    options.seeds = seed
+    options.path = str(path)
+    options.file_ext = ".z8"
+    options.force_recompile = True
+    if kind == "custom":  # as tw-make custom --quest-length Q
+        q = settings["quest_length"]
+        options.nb_rooms = settings["world_size"]
+        options.nb_objects = settings["nb_objects"]
+        options.chaining.min_length = options.chaining.max_length = options.chaining.max_depth = q
+        return tw_make_game(options), options
+    _, make, _ = textworld.challenges.CHALLENGES[kind]
+    return make(settings=settings, options=options), options
+
+
+def _fix_serial(z8: Path) -> None:
+    """Inform stamps the compile date as the Z-machine serial (header bytes 0x12-0x17,
+    outside the checksum); a fixed serial makes the file a function of the seed alone."""
+    with open(z8, "r+b") as f:
+        f.seek(0x12)
+        f.write(b"000000")
+
+
+def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, options: dict) -> list[GameSpec]:
+    """Generate and compile one game per seed into out_dir (``<level>-s<seed>.z8`` + ``.json``)."""
+    from textworld.generator import compile_game
+
+    if options:
+        raise ValueError(f"TextWorld games take no build options, got {sorted(options)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    games = []
+    for seed in seeds:
+        path = out_dir / f"{level}-s{seed}.z8"
+        game, game_options = make_game(level, seed, path)
+        compile_game(game, game_options)
+        _fix_serial(path)
+        path.with_suffix(".ni").unlink(missing_ok=True)  # Inform 7 source, not needed to play
+        plan = game.metadata.get("walkthrough") or game.walkthrough
+        games.append(GameSpec(path=str(path), level=level, env="textworld", split=split, seed=seed,
+                              max_score=float(game.max_score), expert_plan=tuple(plan)))
+    return games
+
+
+# ---------------------------------------------------------------------- cleaning
+_BANNER_LINE = re.compile(r"^[\s_|\\/$<>]*$")
+_STATUS_LINE = re.compile(r"\n>[^\n]*\Z")
+_END_QUESTION = "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?"
+
+
+def clean_observation(text: str) -> str:
+    """Game text without the ASCII banner, the trailing prompt + status line and extra blank lines."""
+    text = _STATUS_LINE.sub("", text.replace("\r", ""))
+    text = text.replace(_END_QUESTION, "")
+    lines = text.split("\n")
+    while lines and _BANNER_LINE.match(lines[0]):  # banner art and leading blank lines
+        lines.pop(0)
+    text = "\n".join(line.strip() for line in lines)
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip()
+
+
+def sanitize_action(action: str) -> str:
+    """What may reach the interpreter: printable, no backslash (it crashes dumb-frotz), one line,
+    capped, lower case (the parser ignores case; admissible commands are lower case)."""
+    action = "".join(c if c.isprintable() else " " for c in action).replace("\\", " ")
+    return " ".join(action.lower().split())[:MAX_ACTION_CHARS].strip()
+
+
+# --------------------------------------------------------------------------- env
+class TextWorldEnv:
+    """Plays TextWorld games (.z8) one at a time through `textworld.start`.
+
+    Options: ``expert`` (default true) computes the expert's next actions after every
+    step (``policy_commands``, a few ms per step); false skips that for fast rollouts.
+    """
+
+    def __init__(self, expert: bool = True) -> None:
+        self.expert = expert
+        self._env = None
+        self._path: str | None = None
+        self._state = None
+        self._obs: Observation | None = None
+        self._done = False
+
+    def _start(self, path: str) -> None:
+        import textworld
+
+        self.close()
+        infos = textworld.EnvInfos(admissible_commands=True, policy_commands=self.expert,
+                                   intermediate_reward=True, won=True, lost=True, max_score=True,
+                                   objective=True, score=True, moves=True)
+        with warnings.catch_warnings():  # jericho: "not fully supported" (textworld keeps the score itself)
+            warnings.filterwarnings("ignore", message=".*not fully supported")
+            self._env = textworld.start(path, request_infos=infos)
+            self._env.reset()
+        self._path = path
+
+    def _observation(self, state, text: str | None = None) -> Observation:
+        plan = tuple(state["policy_commands"] or ()) if self.expert else ()
+        return Observation(
+            text=clean_observation(state.feedback) if text is None else text,
+            objective=state["objective"] or "",
+            admissible_commands=tuple(sorted(state["admissible_commands"] or ())),
+            score=float(state["score"]),
+            max_score=float(state["max_score"]),
+            won=bool(state["won"]),
+            lost=bool(state["lost"]),
+            expert_action=plan[0] if plan else None,
+            expert_plan=plan,
+            extra={"moves": state["moves"]},
+        )
+
+    def reset(self, game: GameSpec) -> Observation:
+        if self._env is None or self._path != str(game.path):
+            self._start(str(game.path))
+        self._state = self._env.reset()
+        self._obs = self._observation(self._state)
+        self._done = False
+        return self._obs
+
+    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+        if self._obs is None:
+            raise RuntimeError("step() before reset()")
+        command = sanitize_action(action)
+        invalid = command not in self._obs.admissible_commands
+        verb = command.split(" ", 1)[0]
+        if self._done or not command or verb in META_VERBS:
+            # Nothing reaches the engine: same state, the game's own answer to an unknown verb.
+            obs = self._obs if self._done else self._observation(self._state, text=UNKNOWN_VERB)
+            return obs, 0.0, self._done, {"invalid": True, "intermediate_reward": 0, "action": command}
+        state, _, _ = self._env.step(command)
+        obs = self._observation(state)
+        reward = obs.score - self._obs.score
+        self._state, self._obs = state, obs
+        self._done = obs.won or obs.lost
+        info = {"invalid": invalid, "intermediate_reward": int(state["intermediate_reward"] or 0), "action": command}
+        return obs, reward, self._done, info
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+        self._env, self._path = None, None
+
+
+def make_env(options: dict) -> TextWorldEnv:
+    unknown = set(options) - {"expert"}
+    if unknown:
+        raise ValueError(f"unknown TextWorld env options {sorted(unknown)} (known: expert)")
+    return TextWorldEnv(expert=bool(options.get("expert", True)))

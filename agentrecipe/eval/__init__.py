@@ -1,0 +1,1 @@
+"""Evaluation: success rate with confidence intervals, pass@k, baselines, and the eval loop."""

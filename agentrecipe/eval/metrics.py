@@ -1,0 +1,114 @@
+"""Evaluation statistics: Wilson intervals, unbiased pass@k, and per-level aggregation of episodes.
+
+An episode record is a flat dict (see `agentrecipe.eval.evaluate.episode_record`):
+``policy, level, game, seed, mode ("greedy" | "sampled"), won, score, max_score,
+turns, invalid, truncated, failed``. A failed episode (crashed or hung environment)
+counts as not won: dropping it would flatter a policy that drives the game into a crash.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (95% for the default z).
+
+        centre = (p + z^2 / 2n) / (1 + z^2 / n)
+        half   = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
+
+    Wilson (1927), "Probable inference, the law of succession, and statistical inference".
+    Unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0 or n
+    successes. With n = 0 nothing is known: (0, 1).
+    """
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got successes={successes}, n={n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends: no 0.9999999999999999
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k from n samples of which c succeed.
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    Chen et al. (2021), "Evaluating Large Language Models Trained on Code", eq. 1; computed
+    as 1 - prod_{i = n-c+1}^{n} (1 - k / i) for numerical stability.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs at least k = {k} samples per game, got n = {n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
+    """One metrics cell from episode records of one policy (and usually one level).
+
+    From greedy episodes: ``success`` (won / n) with its 95% Wilson interval
+    (``success_ci_low``, ``success_ci_high``), ``score`` (mean score / max score),
+    ``turns_won`` (mean turns of won episodes, None if none won), ``invalid_rate``
+    (invalid actions / turns), ``n`` (greedy episodes) and ``failed`` (failed episodes of
+    both modes). ``pass@k`` averages, over games, the unbiased estimate from that game's
+    sampled episodes; a game without sampled episodes (a deterministic policy) passes
+    at every k exactly when its greedy episode wins.
+    """
+    records = list(records)
+    greedy = [r for r in records if r["mode"] == "greedy"]
+    wins = sum(bool(r["won"]) for r in greedy)
+    low, high = wilson_interval(wins, len(greedy))
+    turns = sum(r["turns"] for r in greedy)
+    cell: dict = {
+        "success": wins / len(greedy) if greedy else None,
+        "success_ci_low": low,
+        "success_ci_high": high,
+        "score": _mean([r["score"] / r["max_score"] if r["max_score"] else 0.0 for r in greedy]),
+        "turns_won": _mean([r["turns"] for r in greedy if r["won"]]),
+        "invalid_rate": sum(r["invalid"] for r in greedy) / turns if turns else 0.0,
+    }
+    by_game: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        by_game[r["game"]].append(r)
+    for k in pass_k:
+        per_game = []
+        for rs in by_game.values():
+            sampled = [r for r in rs if r["mode"] == "sampled"]
+            if sampled:
+                per_game.append(pass_at_k(len(sampled), sum(bool(r["won"]) for r in sampled), k))
+            else:
+                per_game.append(float(any(r["won"] for r in rs)))
+        cell[f"pass@{k}"] = _mean(per_game)
+    cell["n"] = len(greedy)
+    cell["failed"] = sum(bool(r["failed"]) for r in records)
+    return {key: round(v, 4) if isinstance(v, float) else v for key, v in cell.items()}
+
+
+def summarize_levels(records: Iterable[dict], pass_k: list[int], groups: dict[str, list[str]] | None = None) -> dict:
+    """{level: cell} for every level in `records` (in first-seen order), plus one pooled
+    cell per entry of `groups` (e.g. {"in_domain": [...], "ood": [...]}) that has episodes."""
+    records = list(records)
+    levels = list(dict.fromkeys(r["level"] for r in records))
+    out = {lvl: summarize([r for r in records if r["level"] == lvl], pass_k) for lvl in levels}
+    for name, members in (groups or {}).items():
+        rs = [r for r in records if r["level"] in members]
+        if rs:
+            out[name] = summarize(rs, pass_k)
+    return out

@@ -1,0 +1,1 @@
+"""Reports: markdown results tables and matplotlib figures from evaluation metrics and DVCLive logs."""

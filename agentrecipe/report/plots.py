@@ -1,0 +1,108 @@
+"""Figures as PNG files (matplotlib, Agg backend: no display needed).
+
+- learning curves from DVCLive logs: one TSV per metric under ``<dir>/plots/metrics/<name>.tsv``
+  with a ``step`` column and one value column (named after the metric; ``value`` also read);
+- success by level: policies side by side per level, with 95% Wilson intervals.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_tsv(path: str | Path) -> tuple[list[float], list[float]]:
+    """(steps, values) of one DVCLive metric file; rows that do not parse are skipped."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    if not rows:
+        return [], []
+    header = rows[0]
+    value_cols = [i for i, h in enumerate(header) if h not in ("step", "timestamp")]
+    if "step" not in header or not value_cols:
+        return [], []
+    s, v = header.index("step"), value_cols[-1]
+    steps, values = [], []
+    for row in rows[1:]:
+        try:
+            x, y = float(row[s]), float(row[v])
+        except (IndexError, ValueError):
+            continue
+        if not math.isnan(y):
+            steps.append(x)
+            values.append(y)
+    return steps, values
+
+
+def find_curves(root: str | Path) -> dict[str, Path]:
+    """{metric name: tsv path} of every TSV under `root` (names relative to plots/metrics when present)."""
+    root = Path(root)
+    base = root / "plots" / "metrics" if (root / "plots" / "metrics").is_dir() else root
+    if not base.is_dir():
+        return {}
+    return {p.relative_to(base).with_suffix("").as_posix(): p for p in sorted(base.rglob("*.tsv"))}
+
+
+def plot_curves(curves: dict[str, Path], out: str | Path, title: str, ncols: int = 3) -> Path | None:
+    """One subplot per metric; None (and no file) when no curve has a point."""
+    data = {name: read_tsv(p) for name, p in curves.items()}
+    data = {name: xy for name, xy in data.items() if xy[0]}
+    if not data:
+        return None
+    ncols = min(ncols, len(data))
+    nrows = math.ceil(len(data) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    for ax, (name, (steps, values)) in zip(axes.flat, data.items()):
+        ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(data):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_success_by_level(metrics: dict, out: str | Path, levels: list[str] | None = None) -> Path:
+    """Grouped bars: greedy success per level (x) and policy (colour), 95% Wilson interval as error bars."""
+    from agentrecipe.report.tables import levels_of
+
+    levels = levels or levels_of(metrics)
+    policies = list(metrics)
+    width = 0.8 / max(len(policies), 1)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 1.5 + 0.35 * len(levels) * len(policies))), 3.6))
+    for j, policy in enumerate(policies):
+        xs, ys, err = [], [], [[], []]
+        for i, lvl in enumerate(levels):
+            c = metrics[policy].get(lvl)
+            if not c or c.get("success") is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            ys.append(c["success"])
+            err[0].append(max(0.0, c["success"] - c.get("success_ci_low", c["success"])))
+            err[1].append(max(0.0, c.get("success_ci_high", c["success"]) - c["success"]))
+        ax.bar(xs, ys, width, yerr=err, capsize=2, label=policy, error_kw={"ecolor": "0.35", "elinewidth": 0.8})
+    ax.set_xticks(range(len(levels)), levels, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success (greedy)")
+    ax.set_title("Success by level (95% Wilson interval)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, ncols=min(len(policies), 6), loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

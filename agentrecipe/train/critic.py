@@ -1,0 +1,32 @@
+"""The PPO critic: the policy's transformer body with a scalar value head.
+
+values[b, t] estimates the return from the state *before* token t is emitted
+(computed from the hidden state at t - 1), aligned like `token_logprobs`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel
+
+
+class ValueModel(nn.Module):
+    def __init__(self, body: nn.Module, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, dtype: torch.dtype = torch.float32) -> "ValueModel":
+        body = AutoModel.from_pretrained(folder, dtype=dtype)
+        return cls(body, body.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
+        v = self.head(hidden).squeeze(-1).float()  # (B, T): value after token t
+        return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)  # (B, T): value before token t

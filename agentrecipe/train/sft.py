@@ -1,0 +1,78 @@
+"""Supervised fine-tuning on demonstrations: next-token loss on action tokens only.
+
+    loss = - sum_t mask_t * log p(x_t | x_<t) / sum_t mask_t
+
+Under a launcher each rank trains on its own shard of every batch; DeepSpeed
+averages the gradients.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+
+import torch
+from tqdm import tqdm
+
+from agentrecipe.config import DeepSpeedConfig, SFTConfig
+from agentrecipe.train.engine import ds_config, make_engine
+from agentrecipe.train.logprobs import pad_batch, token_logprobs
+
+
+def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": pad_batch([r["input_ids"] for r in rows], pad_id),
+        "attention_mask": pad_batch([[1] * len(r["input_ids"]) for r in rows], 0),
+        "action_mask": pad_batch([r["action_mask"] for r in rows], 0, dtype=torch.float32),
+    }
+
+
+def action_nll(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean negative log-likelihood of the action tokens of a batch."""
+    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    mask = batch["action_mask"]
+    return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def sft_train(
+    model,
+    pad_id: int,
+    rows: list[dict],
+    cfg: SFTConfig,
+    ds: DeepSpeedConfig,
+    log: Callable[[int, dict], None] | None = None,
+):
+    """Fine-tune `model` on `rows` (input_ids, action_mask); return the DeepSpeed engine."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    # -- derived sizes
+    steps_per_epoch = max(1, -(-len(rows) // cfg.batch_size))
+    total_steps = steps_per_epoch * cfg.epochs
+    engine = make_engine(
+        model, ds_config(ds, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay,
+                         cfg.warmup_steps, total_steps)
+    )
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    engine.train()
+    step, start, tokens = 0, time.time(), 0
+    bar = tqdm(total=total_steps, desc="sft", disable=rank != 0)
+    for epoch in range(cfg.epochs):
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        for b in range(0, len(order), cfg.batch_size):
+            shard = order[b : b + cfg.batch_size][rank::world] or order[b : b + 1]
+            batch = collate([rows[i] for i in shard], pad_id)
+            loss = action_nll(engine, batch)
+            engine.backward(loss)
+            engine.step()
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if log is not None:
+                log(step, {"train/loss": loss.item(), "train/lr": engine.get_lr()[0], "train/epoch": epoch,
+                           "perf/tokens_per_s": tokens / max(time.time() - start, 1e-9)})
+    bar.close()
+    return engine

@@ -1,0 +1,68 @@
+"""Stage evaluate: base, SFT and RL policies and the baselines on the test games of every level.
+
+    python -m stages.evaluate --envs data/envs --models data/models --out data/eval
+
+In-domain levels are env.levels, out-of-domain env.ood_levels; eval.episodes test games of
+each (first by seed). Writes metrics.json ({policy: {level: cell}}, plus pooled `in_domain`
+and `ood` cells), episodes.jsonl and transcripts.jsonl.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.envs.pool import EnvPool
+from agentrecipe.eval.baselines import get_baseline
+from agentrecipe.eval.evaluate import ModelPolicy, evaluate_policy, select_games, write_results
+from agentrecipe.models.registry import DTYPES
+from agentrecipe.report.tables import results_table
+from stages.common import load_sections, stage_args, torch_threads
+
+MODELS = ("base", "sft", "rl")
+BASELINES = ("expert", "random", "first")
+
+
+def main() -> None:
+    args = stage_args(__doc__.splitlines()[0], lambda p: (
+        p.add_argument("--envs", default="data/envs"),
+        p.add_argument("--models", default="data/models"),
+        p.add_argument("--out", default="data/eval"),
+        p.add_argument("--batch-size", type=int, default=32, help="episodes played at once"),
+    ))
+    cfg = load_sections(args.params, ["eval", "agent", "env", "model"])
+    env, eval_cfg = cfg["env"], cfg["eval"]
+    missing = [str(Path(args.models) / m) for m in MODELS if not (Path(args.models) / m / "config.json").exists()]
+    if missing:
+        raise SystemExit(f"error: no model in {', '.join(missing)}; run the stages that write them (dvc repro)")
+    torch_threads()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    levels = env.levels + env.ood_levels
+    games = select_games(read_manifest(Path(args.envs) / "manifest.jsonl", "test", levels), levels, eval_cfg.episodes)
+    groups = {"in_domain": env.levels, "ood": env.ood_levels}
+    start = time.perf_counter()
+    results = []
+    with EnvPool(env.name, env.family_options, env.workers, env.step_timeout) as pool:
+        for name in MODELS + BASELINES:
+            if name in MODELS:
+                policy = ModelPolicy.from_folder(Path(args.models) / name, cfg["agent"], name, device,
+                                                 DTYPES[cfg["model"].dtype])
+            else:
+                policy = get_baseline(name)
+            results.append(evaluate_policy(policy, games, pool, eval_cfg, groups, args.batch_size))
+            del policy
+        failures = pool.failures
+    write_results(args.out, results)
+
+    metrics = {r.policy: r.summary for r in results}
+    print(results_table(metrics))
+    print(f"evaluate: {len(MODELS + BASELINES)} policies x {len(games)} games ({len(levels)} levels) in "
+          f"{time.perf_counter() - start:.1f} s on {device}; {failures} environment failures -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Stage gen_sft_data: replay the expert on N train games into tokenised chat transcripts.
+
+N = budget.n_demos (the SFT share of the budget). Writes a HF `datasets`
+dataset under <out>/dataset and the raw transcripts under <out>/transcripts.jsonl.
+"""
+
+import json
+import time
+from pathlib import Path
+
+from datasets import Dataset
+from tqdm import tqdm
+
+from agentrecipe.agent.prompt import PromptEncoder
+from agentrecipe.agent.replay import replay_expert
+from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.envs.registry import get_family
+from agentrecipe.models.registry import load_tokenizer
+from agentrecipe.train.sft_data import pick_demo_games, transcript_rows
+from stages.common import load_sections, stage_args
+
+FEATURES = ["game", "level", "seed", "input_ids", "action_mask", "turn_ids", "text", "actions"]
+
+
+def main() -> None:
+    args = stage_args(__doc__, lambda p: (
+        p.add_argument("--envs", default="data/envs"),
+        p.add_argument("--model", default="data/models/base"),
+        p.add_argument("--out", default="data/sft"),
+    ))
+    cfg = load_sections(args.params, ["env", "agent", "budget"])
+    env_cfg, agent, budget = cfg["env"], cfg["agent"], cfg["budget"]
+    start = time.time()
+    games = pick_demo_games(read_manifest(Path(args.envs) / "manifest.jsonl", split="train"), env_cfg.levels, budget.n_demos)
+    encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
+    env = get_family(env_cfg.name).make_env(env_cfg.family_options)
+    rows = []
+    for game in tqdm(games, desc="expert replays"):
+        rows += transcript_rows(encoder, game, *replay_expert(env, game))
+    env.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    Dataset.from_dict({k: [r[k] for r in rows] for k in FEATURES}).save_to_disk(str(out / "dataset"))
+    with open(out / "transcripts.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps({"game": r["game"], "level": r["level"], "actions": r["actions"], "text": r["text"]}) + "\n")
+    n_tokens = sum(len(r["input_ids"]) for r in rows)
+    n_action = sum(sum(r["action_mask"]) for r in rows)
+    print(f"gen_sft_data: {len(games)} demos, {len(rows)} sequences, {n_tokens} tokens ({n_action} action) in {time.time() - start:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

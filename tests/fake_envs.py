@@ -1,0 +1,43 @@
+"""A fake environment family for pool tests: the actions "raise", "hang" and "crash" misbehave."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from agentrecipe.envs.base import GameSpec, Observation
+
+
+def check_level(name: str) -> None:
+    pass
+
+
+def build_games(level: str, split: str, seeds: list[int], out_dir, options: dict) -> list[GameSpec]:
+    return [GameSpec(path=f"{out_dir}/{seed}", level=level, env="fake", split=split, seed=seed) for seed in seeds]
+
+
+class FakeEnv:
+    def reset(self, game: GameSpec) -> Observation:
+        self.game, self.t = game, 0
+        return Observation(text=f"start {game.seed}", objective="say win", admissible_commands=("win",),
+                           score=0.0, max_score=1.0)
+
+    def step(self, action: str):
+        if action == "raise":
+            raise RuntimeError("fake env error")
+        if action == "hang":
+            time.sleep(3600)
+        if action == "crash":
+            os._exit(3)
+        self.t += 1
+        won = action == "win"
+        obs = Observation(text=f"{action} {self.t} in game {self.game.seed}", objective="say win",
+                          admissible_commands=("win",), score=float(won), max_score=1.0, won=won)
+        return obs, float(won), won, {"invalid": not won}
+
+    def close(self) -> None:
+        pass
+
+
+def make_env(options: dict) -> FakeEnv:
+    return FakeEnv()

@@ -1,0 +1,81 @@
+"""Curriculum build: config checks, disjoint splits, plan replay, byte-identical manifests, the stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrecipe.config import ConfigError, EnvConfig, parse_config
+from agentrecipe.envs.build import build_curriculum, check_plan
+from agentrecipe.envs.manifest import SPLITS, read_manifest
+from agentrecipe.envs.textworld_env import make_env
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"levels": ["w1-o2-q1"], "ood_levels": ["w2-o3-q2"], "n_train": 2, "n_valid": 1, "n_test": 1}
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"levels": ["w2-o3"]}, "env.levels"),
+        ({"ood_levels": ["cooking-r1"]}, "env.ood_levels"),
+        ({"n_train": -1}, "env.n_train"),
+        ({"n_test": "3"}, "env.n_test"),
+        ({"levelz": ["w1-o1-q1"]}, "env.levelz"),
+        ({"seed_train": 1, "seed_test": 5, "n_train": 10}, "env.seed_test"),  # [1, 11) overlaps test at 5
+    ],
+)
+def test_bad_env_params_fail_at_once_naming_the_key(env, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_config({"env": env}, ["env"])
+
+
+def test_bad_cooking_rooms_fail_before_any_game(tmp_path):
+    cfg = EnvConfig(levels=["w1-o2-q1"], ood_levels=["cooking-r1-t1-g2"], workers=1)
+    with pytest.raises(ValueError, match="cooking-r1-t1-g2"):
+        build_curriculum(cfg, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_losing_plan_fails_loudly_naming_the_game(tw_games):
+    game = dataclasses.replace(tw_games["custom"], expert_plan=("look",))
+    with pytest.raises(RuntimeError, match=Path(game.path).name):
+        check_plan(make_env({"expert": False}), game)
+
+
+def test_build_twice_gives_identical_manifest_and_disjoint_splits(tmp_path):
+    one = build_curriculum(EnvConfig(**TINY, workers=1), tmp_path / "a", progress=False)
+    two = build_curriculum(EnvConfig(**TINY, workers=2), tmp_path / "b", progress=False)  # another order
+    manifest_a, manifest_b = (tmp_path / d / "manifest.jsonl" for d in "ab")
+    assert manifest_a.read_bytes() == manifest_b.read_bytes()
+    for a, b in zip(one, two):
+        assert Path(a.path).read_bytes() == Path(b.path).read_bytes(), a.path
+    assert Path(one[0].path).parent == tmp_path / "a" / "w1-o2-q1" / "train"
+
+    games = read_manifest(manifest_a)
+    assert [(g.level, g.split) for g in games] == [
+        ("w1-o2-q1", "train"), ("w1-o2-q1", "train"), ("w1-o2-q1", "valid"), ("w1-o2-q1", "test"), ("w2-o3-q2", "test")
+    ]
+    train, valid, test = ({g.seed for g in games if g.split == s and g.level == "w1-o2-q1"} for s in SPLITS)
+    assert not (train & valid or train & test or valid & test)
+    assert all(Path(g.path).exists() and Path(g.path).with_suffix(".json").exists() and g.expert_plan for g in games)
+
+
+def test_stage_smoke(tmp_path):
+    params = tmp_path / "params.yaml"
+    env = {"levels": ["w1-o2-q1"], "ood_levels": [], "n_train": 1, "n_valid": 1, "n_test": 1, "workers": 1}
+    params.write_text(yaml.safe_dump({"env": env}))
+    stage = [sys.executable, "-m", "stages.build_envs", "--params", str(params), "--out"]
+    out = subprocess.run([*stage, str(tmp_path / "envs")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "3 textworld games" in out.stdout and "train 1, valid 1, test 1" in out.stdout
+    assert len(read_manifest(tmp_path / "envs" / "manifest.jsonl")) == 3
+
+    params.write_text(yaml.safe_dump({"env": {"n_train": -2}}))
+    out = subprocess.run([*stage, str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "env.n_train" in out.stderr

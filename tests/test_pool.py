@@ -1,0 +1,84 @@
+"""EnvPool: episodes in worker processes; an env that raises, hangs or dies fails only its episodes."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrecipe.envs import registry
+from agentrecipe.envs.base import GameSpec
+from agentrecipe.envs.pool import EnvPool
+
+sys.path.insert(0, str(Path(__file__).parent))  # spawned workers import fake_envs by name
+import fake_envs  # noqa: E402
+
+GAMES = [GameSpec(path=f"fake/{i}", level="fake", env="fake", seed=i) for i in range(4)]
+
+
+@pytest.fixture
+def fake_family(monkeypatch):
+    monkeypatch.setitem(registry.FAMILIES, "fake", fake_envs.__name__)
+    return "fake"
+
+
+@pytest.mark.parametrize("n_workers", [0, 2])
+def test_pool_plays_episodes(fake_family, n_workers):
+    with EnvPool(fake_family, {}, n_workers=n_workers, timeout=10) as pool:
+        obs = pool.reset(GAMES)
+        assert [o.text for o in obs] == [f"start {i}" for i in range(4)]
+        res = pool.step(["a", None, "win", "b"])
+        assert res[1] is None
+        assert res[0].obs.text == "a 1 in game 0" and not res[0].done
+        assert res[2].done and res[2].reward == 1.0 and res[2].obs.won
+        res = pool.step(["c", None, None, "d"])
+        assert res[0].obs.text == "c 2 in game 0" and res[3].obs.text == "d 2 in game 3"
+        assert pool.failures == 0
+
+
+def test_pool_survives_an_env_that_raises(fake_family):
+    with EnvPool(fake_family, {}, n_workers=2, timeout=10) as pool:
+        pool.reset(GAMES)
+        res = pool.step(["raise", "a", "b", "c"])
+        assert res[0].failed and res[0].done and "fake env error" in res[0].error
+        assert not any(r.failed for r in res[1:])
+        assert pool.failures == 1
+        assert pool.step(["a", "b", None, None])[1].obs.text == "b 2 in game 1"  # same worker, still fine
+        assert pool.reset([GAMES[0]])[0].text == "start 0"  # a failed slot can start again
+
+
+def test_pool_survives_hang_and_crash(fake_family):
+    with EnvPool(fake_family, {}, n_workers=2, timeout=1.0) as pool:
+        pool.reset(GAMES)  # slots 0, 2 in worker 0; slots 1, 3 in worker 1
+        start = time.monotonic()
+        res = pool.step(["hang", "a", None, "b"])
+        assert time.monotonic() - start < 8
+        assert res[0].failed and "no answer within 1 s" in res[0].error
+        assert not res[1].failed and not res[3].failed
+        # Slot 2 shared the killed worker: its episode is reported lost once.
+        res = pool.step([None, "c", "d", None])
+        assert res[2].failed and "restarted" in res[2].error and res[1].obs.text == "c 2 in game 1"
+        res = pool.step([None, "crash", None, None])
+        assert res[1].failed and "died" in res[1].error
+        assert pool.failures == 3
+        obs = pool.reset(GAMES)  # every slot plays again after the restarts
+        assert all(o is not None for o in obs)
+        assert [r.obs.text for r in pool.step(["x"] * 4)] == [f"x 1 in game {i}" for i in range(4)]
+
+
+def test_pool_plays_textworld(tw_games):
+    games = [tw_games["custom"], tw_games["cooking"]]
+    won = [False, False]
+    with EnvPool("textworld", {"expert": False}, n_workers=1, timeout=30) as pool:
+        assert all(obs.score == 0 for obs in pool.reset(games))
+        for i in range(max(len(g.expert_plan) for g in games)):
+            res = pool.step([g.expert_plan[i] if i < len(g.expert_plan) else None for g in games])
+            for s, r in enumerate(res):
+                if r is not None:
+                    assert not r.failed, r.error
+                    won[s] = r.obs.won
+        assert won == [True, True] and pool.failures == 0
+    with pytest.raises(ValueError, match="unknown environment"):
+        EnvPool("nope", {})

@@ -1,0 +1,126 @@
+"""TextWorld family: level names, observation cleaning, action sanitising, rewards along expert plans."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from agentrecipe.envs.textworld_env import (
+    UNKNOWN_VERB,
+    build_games,
+    check_level,
+    clean_observation,
+    make_env,
+    sanitize_action,
+)
+
+
+@pytest.mark.parametrize("name", ["w2-o3-q4", "simple", "simple-sparse", "simple-balanced-none", "cooking-r3-t2-g9"])
+def test_check_level_accepts(name):
+    check_level(name)
+
+
+@pytest.mark.parametrize("name", ["w2-o3", "simple-foo", "cooking-r1-t1-g2", "cooking-r1-t2-g1", "w0-o3-q1", "alf"])
+def test_check_level_names_the_bad_level(name):
+    with pytest.raises(ValueError, match=name):
+        check_level(name)
+
+
+def test_clean_observation_on_real_text(tw_games):
+    import textworld
+
+    env = textworld.start(tw_games["simple"].path, request_infos=textworld.EnvInfos(objective=True))
+    state = env.reset()
+    raw_reset, objective = state.feedback, state["objective"]
+    raw_step = env.step("look")[0].feedback
+    env.close()
+    assert "$$$$" in raw_reset and "\n>" in raw_step  # the artefacts are there ...
+    reset, step = clean_observation(raw_reset), clean_observation(raw_step)
+    assert "$$" not in reset and "____" not in reset  # ... and gone: no banner,
+    assert reset.startswith(objective)
+    for text in (reset, step):
+        assert ">" not in text and "0/" not in text  # no prompt or status line (room, score/moves)
+        assert "\n\n\n" not in text and text == text.strip()
+    assert step.startswith("-= ")  # the room description follows `look`
+
+
+def test_clean_observation_end_of_game():
+    raw = ("\nYou eat the meal.\n\n\n*** The End ***\n\nYou scored 3 out of a possible 3, in 6 turns.\n\n\n"
+           "Would you like to RESTART, RESTORE a saved game, QUIT or UNDO the last command?\n>     -= Kitchen =-2/5")
+    clean = "You eat the meal.\n\n*** The End ***\n\nYou scored 3 out of a possible 3, in 6 turns."
+    assert clean_observation(raw) == clean
+
+
+def test_sanitize_action():
+    assert sanitize_action("  Take\\ the\x00 key\n from   BOX\t") == "take the key from box"
+    assert sanitize_action("x" * 1000) == "x" * 200
+    assert sanitize_action("\\\n\x07") == ""
+
+
+@pytest.mark.parametrize("kind", ["custom", "simple", "cooking"])
+def test_expert_plan_wins_and_scores_sum_to_max(tw_games, kind):
+    game = tw_games[kind]
+    env = make_env({})
+    obs = env.reset(game)
+    assert obs.score == 0 and not obs.won and obs.max_score == game.max_score
+    assert obs.admissible_commands == tuple(sorted(obs.admissible_commands))
+    total, rewards = 0.0, []
+    for i, action in enumerate(game.expert_plan):
+        obs, reward, done, info = env.step(action)
+        rewards.append(reward)
+        total += reward
+        last = i == len(game.expert_plan) - 1
+        assert obs.won == last and done == last, f"won/done at step {i} of {len(game.expert_plan)}"
+        assert not info["invalid"], action
+    env.close()
+    assert total == game.max_score == obs.score
+    if kind == "simple":  # dense: the score moves along the way, not only at the end
+        assert game.max_score > 1 and sum(r > 0 for r in rewards) >= 3
+
+
+def test_following_expert_action_wins(tw_games):
+    env = make_env({})
+    obs = env.reset(tw_games["custom"])
+    for _ in range(30):
+        assert obs.expert_plan and obs.expert_action == obs.expert_plan[0]
+        obs, _, done, _ = env.step(obs.expert_action)
+        if done:
+            break
+    assert obs.won and obs.expert_action is None
+
+
+def test_invalid_and_meta_commands(tw_games, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # `save` / `script` would write files here if they reached the engine
+    env = make_env({"expert": False})
+    start = env.reset(tw_games["custom"])
+    for action in ["save", "script", "quit", "restart", "", "  \\ "]:
+        obs, reward, done, info = env.step(action)
+        assert obs.text == UNKNOWN_VERB and reward == 0 and not done and info["invalid"]
+        assert obs.extra["moves"] == start.extra["moves"]
+    assert list(tmp_path.iterdir()) == []
+    obs, reward, done, info = env.step("xyzzy")
+    assert info["invalid"] and reward == 0 and not done and obs.expert_plan == ()
+    obs, *_ = env.step(start.admissible_commands[0])  # the game still answers
+    assert obs.text and obs.text != UNKNOWN_VERB
+    with pytest.raises(ValueError, match="unknown TextWorld env options"):
+        make_env({"bogus": 1})
+
+
+def test_step_after_end_changes_nothing(tw_games):
+    game = tw_games["custom"]
+    env = make_env({"expert": False})
+    env.reset(game)
+    for action in game.expert_plan:
+        won_obs, *_ = env.step(action)
+    obs, reward, done, info = env.step("look")
+    assert obs == won_obs and reward == 0 and done and info["invalid"]
+
+
+def test_same_seed_same_bytes(tw_games, tmp_path):
+    game = tw_games["custom"]
+    again = build_games(game.level, game.split, [game.seed], tmp_path, {})[0]
+    assert again == dataclasses.replace(game, path=again.path)
+    for ext in (".z8", ".json"):
+        a, b = (open(g.path.replace(".z8", ext), "rb").read() for g in (game, again))
+        assert a == b, ext
