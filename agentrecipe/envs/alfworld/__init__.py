@@ -7,9 +7,10 @@ The env family contract (see ``agentrecipe/envs/registry.py``):
   objects, e.g. ``pick_and_place_simple-r6-d2``, ``any-r8-d4``.
 - ``build_games(level, split, seeds, out_dir, options)``: with the official data
   on disk (``options["data_dir"]`` or $ALFWORLD_DATA) import its games of the
-  level's task type; otherwise generate one game per seed from the floor plans
-  shipped with alfworld (scene.py samples, pddl.py writes, the planner checks
-  it is solvable; an unsolvable draw is resampled).
+  level's task type (importer.py); otherwise generate one game per seed from the
+  floor plans shipped with alfworld (scene.py samples, pddl.py writes, the
+  planner checks it is solvable; an unsolvable draw is resampled). Games go to
+  ``out_dir/<task>-<object>-None-<parent>-<floor plan>/trial_*/`` as in ALFWorld's data.
 - ``make_env(options)``: an ``AlfWorldEnv`` (env.py).
 
 Options (``env.alfworld`` in params, all optional): see ``DEFAULTS``.
@@ -32,7 +33,8 @@ DEFAULTS: dict[str, Any] = {
     "max_expert_steps": 200,  # the handcoded expert gives up after this many steps
     "max_plan_len": 60,  # generated games whose planner solution is longer are resampled
     "max_tries": 20,  # draws per seed before giving up on an unsolvable level
-    "require_handcoded": True,  # keep only games the handcoded expert also wins (as the official data)
+    "require_handcoded": True,  # keep only games the handcoded expert also wins within max_expert_steps
+    # (the official data's `solvable` flag is the same check)
     "data_dir": "",  # official data root (holds json_2.1.1/); empty: $ALFWORLD_DATA, else generate
     "splits": {"train": "train", "valid": "valid_seen", "test": "valid_unseen"},  # our split -> official split
     "link": False,  # official games: symlink instead of copy
@@ -73,11 +75,11 @@ def build_games(level: str, split: str, seeds, out_dir, options: Any = None) -> 
     opts = options_of(options)
     task, _, _ = _parse(level)
     seeds = list(seeds)
-    out_dir = Path(out_dir) / level
+    out_dir = Path(out_dir)
     root = importer.find_data_root(opts["data_dir"])
     if root is not None:
-        # Official games: the level's task type only (R and D do not apply); game i <-> seeds[i].
-        found = importer.import_games(root, opts["splits"][split], task, len(seeds), out_dir, link=bool(opts["link"]))
+        # Official games of the level's task type (R and D do not apply), one per seed.
+        found = importer.import_games(root, opts["splits"][split], task, seeds, out_dir, link=bool(opts["link"]))
         return [
             GameSpec(str(path), level, "alfworld", split, seed, 1.0, tuple(plan))
             for seed, (path, plan) in zip(seeds, found)
@@ -104,7 +106,7 @@ def generate_game(level: str, split: str, seed: int, out_dir: Path, opts: Mappin
         if opts["require_handcoded"]:
             with tempfile.TemporaryDirectory() as tmp:
                 spec = GameSpec(str(pddl.write_game(Path(tmp), game, traj)), level, "alfworld", split, seed)
-                if expert_steps(spec, "handcoded", 4 * max_plan_len) is None:
+                if expert_steps(spec, "handcoded", int(opts["max_expert_steps"])) is None:
                     continue
         path = pddl.write_game(out_dir / pddl.game_dirname(scene), game, traj)
         return GameSpec(str(path), level, "alfworld", split, seed, 1.0, tuple(plan))
@@ -118,7 +120,9 @@ def expert_steps(game: GameSpec, expert: str, max_steps: int) -> int | None:
     """Steps the expert takes to win `game` by following its own next action, or None if it fails."""
     from agentrecipe.envs.alfworld.env import AlfWorldEnv
 
-    env = _verifiers.get(expert) or _verifiers.setdefault(expert, AlfWorldEnv(expert=expert, max_expert_steps=max_steps))
+    if (expert, max_steps) not in _verifiers:
+        _verifiers[expert, max_steps] = AlfWorldEnv(expert=expert, max_expert_steps=max_steps)
+    env = _verifiers[expert, max_steps]
     obs = env.reset(game)
     for n in range(1, max_steps + 1):
         if obs.expert_action is None:

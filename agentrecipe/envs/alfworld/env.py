@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -76,19 +77,21 @@ def subgoal_progress(facts, task_type: str, params: dict) -> tuple[int, int]:
     return best, len(steps)
 
 
-class _GlobalRandom:
-    """Give code that uses the `random` module (ALFWorld's handcoded expert) its own stream."""
+class _Sandbox:
+    """Keep the game's global side effects inside: ALFWorld's handcoded expert draws from
+    the `random` module (it gets its own stream here), fast-downward overwrites sys.argv."""
 
     def __init__(self, seed: int):
         self.state = random.Random(seed).getstate()
 
     def __enter__(self):
-        self.outer = random.getstate()
+        self.outer, self.argv = random.getstate(), list(sys.argv)
         random.setstate(self.state)
 
     def __exit__(self, *exc):
         self.state = random.getstate()
         random.setstate(self.outer)
+        sys.argv[:] = self.argv
 
 
 class AlfWorldEnv:
@@ -113,14 +116,16 @@ class AlfWorldEnv:
     def reset(self, game: GameSpec) -> Observation:
         path = str(Path(game.path).resolve())
         if path != self._loaded:
+            self._loaded = None  # a failed load leaves nothing half-loaded behind
             traj = json.loads((Path(path).parent / "traj_data.json").read_text())
             self._task_type, self._params = traj["task_type"], traj["pddl_params"]
-            self._env.load(path)
+            with _Sandbox(0):
+                self._env.load(path)
             if self.expert == "handcoded":  # AlfredExpert.load makes it with max_steps=200
                 self._env._handcoded_expert.max_steps = self._max_expert_steps
             self._loaded = path
         self._game = game
-        self._rng = _GlobalRandom(game.seed)
+        self._rng = _Sandbox(game.seed)
         self._expert_ok = self.expert != "none"
         with self._rng:
             state = self._env.reset()

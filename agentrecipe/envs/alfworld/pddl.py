@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -51,6 +52,16 @@ def seeded_global_random(seed):
         yield
     finally:
         random.setstate(state)
+
+
+@contextmanager
+def keep_argv():
+    """fast-downward's PDDL translator overwrites sys.argv; put it back."""
+    argv = list(sys.argv)
+    try:
+        yield
+    finally:
+        sys.argv[:] = argv
 
 
 def problem_pddl(scene: Scene) -> str:
@@ -151,21 +162,25 @@ def make_game(scene: Scene, level: str) -> tuple[dict, dict]:
     return game, traj
 
 
-def solve(game: dict, max_plan_len: int = 100) -> list[str] | None:
-    """The planner's walkthrough (demangled commands, as ALFWorld stores it), or None if unsolvable."""
+@lru_cache(maxsize=1)
+def _solver():
+    """One planner env per process: each PddlEnv loads its own 33 MB copy of libdownward."""
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
     from textworld.envs import PddlEnv
 
-    env = AlfredDemangler(PddlEnv(textworld.EnvInfos(policy_commands=True, won=True)), shuffle=False)
-    try:
-        env.load(game)
-        state = env.reset()
-        plan = state["policy_commands"]
-    except Exception:  # the planner raises when the goal is unreachable
-        return None
-    finally:
-        env.close()
+    return AlfredDemangler(PddlEnv(textworld.EnvInfos(policy_commands=True, won=True)), shuffle=False)
+
+
+def solve(game: dict, max_plan_len: int = 100) -> list[str] | None:
+    """The planner's walkthrough (demangled commands, as ALFWorld stores it), or None if unsolvable."""
+    env = _solver()
+    with keep_argv():
+        try:
+            env.load(game)
+            plan = env.reset()["policy_commands"]
+        except Exception:  # the planner raises when the goal is unreachable
+            return None
     if not plan or len(plan) > max_plan_len:
         return None
     return list(plan)

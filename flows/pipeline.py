@@ -1,0 +1,130 @@
+"""Run the dvc.yaml DAG as a Prefect flow: one task per stage, in dependency order.
+
+Each task runs `dvc repro --single-item <stage>`, so DVC still decides what is
+up to date and caches the outputs; Prefect adds the run history, live logs,
+retries and artifacts (evaluation table, report) in the UI.
+
+    python -m flows.pipeline                   # the whole DAG
+    python -m flows.pipeline --targets sft     # sft and what it needs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from flows.dvc_dag import dvc, dvc_env, flatten, read_dag, run_streaming
+
+METRICS_FILE = "data/eval/metrics.json"
+REPORT_FILE = "data/report/report.md"
+
+
+class StageFailed(RuntimeError):
+    """A DVC stage exited non-zero; the message ends with its last stderr lines."""
+
+
+@task(name="dvc-stage", task_run_name="{stage}", cache_policy=NO_CACHE)
+def run_stage(stage: str, project_dir: str, force: bool = False) -> dict[str, Any]:
+    """`dvc repro --single-item stage`, its output streamed line by line into the run log."""
+    logger = get_run_logger()
+    cmd = dvc("repro", "--single-item", stage, *(["--force"] if force else []))
+    logger.info("$ dvc %s", " ".join(cmd[3:]))
+    start = time.monotonic()
+    res = run_streaming(cmd, project_dir, dvc_env(project_dir), lambda _stream, line: logger.info(line))
+    seconds = round(time.monotonic() - start, 1)
+    if res.returncode != 0:
+        tail = "\n".join(res.stderr_tail or res.stdout.splitlines()[-20:])
+        raise StageFailed(f"stage {stage!r} failed (dvc exit {res.returncode}):\n{tail}")
+    skipped = f"Stage '{stage}' didn't change, skipping" in res.stdout
+    return {"stage": stage, "status": "up to date" if skipped else "ran", "seconds": seconds}
+
+
+def _all_mappings(values) -> bool:
+    values = list(values)
+    return bool(values) and all(isinstance(v, dict) for v in values)
+
+
+def metrics_rows(metrics: Any) -> list[dict[str, Any]]:
+    """A readable table from a metrics file.
+
+    {policy: {level: {metric: x}}} (evaluate's layout) -> one row per policy and level;
+    {name: {metric: x}} -> one row per name; a list of mappings -> one row each; else key/value rows.
+    """
+    if isinstance(metrics, list) and _all_mappings(metrics):
+        return [flatten(r) for r in metrics]
+    if isinstance(metrics, dict) and _all_mappings(metrics.values()):
+        if all(_all_mappings(v.values()) for v in metrics.values()):
+            return [{"policy": k, "level": k2, **flatten(v2)} for k, v in metrics.items() for k2, v2 in v.items()]
+        return [{"name": k, **flatten(v)} for k, v in metrics.items()]
+    return [{"metric": k, "value": v} for k, v in flatten(metrics).items()]
+
+
+def publish_results(project: Path, metrics_file: str, report_file: str) -> None:
+    """Evaluation metrics as a table artifact and the report as a markdown artifact, when they exist."""
+    logger = get_run_logger()
+    metrics_path, report_path = project / metrics_file, project / report_file
+    if metrics_path.exists():
+        try:
+            rows = metrics_rows(json.loads(metrics_path.read_text()))
+            create_table_artifact(rows, key="evaluation-metrics", description=f"`{metrics_file}` after this run")
+        except (ValueError, TypeError) as e:
+            logger.warning("could not publish %s: %s", metrics_file, e)
+    if report_path.exists():
+        create_markdown_artifact(report_path.read_text(), key="report", description=f"`{report_file}` after this run")
+
+
+@flow(name="pipeline")
+def pipeline(
+    project_dir: str = ".",
+    targets: list[str] | None = None,
+    force: bool = False,
+    retries: int = 0,
+    build_retries: int = 1,
+    retry_delay_seconds: float = 10.0,
+    metrics_file: str = METRICS_FILE,
+    report_file: str = REPORT_FILE,
+) -> list[dict[str, Any]]:
+    """Reproduce the DVC pipeline stage by stage (all stages, or `targets` and what they need).
+
+    Args:
+        project_dir: the DVC project (folder holding dvc.yaml).
+        targets: stage names to reproduce with their upstream stages; empty = every stage.
+        force: rerun stages even when DVC finds them up to date.
+        retries: retries of a failed stage.
+        build_retries: retries of stages whose name starts with `build_` (environment builds).
+        retry_delay_seconds: wait before a retry.
+        metrics_file: evaluation metrics shown as a table artifact at the end.
+        report_file: markdown report shown as an artifact at the end.
+    """
+    logger = get_run_logger()
+    project = Path(project_dir).resolve()
+    stages = read_dag(project).select(targets)
+    logger.info("stages in run order: %s", ", ".join(stages))
+    summary = []
+    for stage in stages:
+        n = build_retries if stage.split(":")[-1].startswith("build_") else retries
+        step = run_stage.with_options(retries=n, retry_delay_seconds=retry_delay_seconds)
+        summary.append(step(stage, str(project), force))  # a failure raises and ends the flow here
+    create_table_artifact(summary, key="pipeline-stages", description="DVC stages of this run")
+    publish_results(project, metrics_file, report_file)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--project-dir", default=".")
+    parser.add_argument("--targets", nargs="*", default=None)
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    pipeline(project_dir=args.project_dir, targets=args.targets, force=args.force)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""params/ composition, params.yaml drift, and the typed loader's errors."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrecipe.config import BudgetConfig, ConfigError, load_config, parse_config
+from agentrecipe.params import compose, compose_yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_params_yaml_is_the_composed_default():
+    committed = (ROOT / "params.yaml").read_text()
+    assert committed == compose_yaml(ROOT / "params"), (
+        "params.yaml differs from params/ composed: run `make params` (python -m agentrecipe.cli compose-params)"
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["rl=ppo", "reward=dense"], ["rl=rloo"], ["rl=reinforce_pp"], ["experiment=micro"],
+     ["experiment=turn_schedule"], ["env=textworld_dense"], ["env=textworld_complex"], ["model=smollm2-135m"],
+     ["deepspeed=zero3"], ["rollout=vllm"], ["budget.sft_fraction=0"]],
+)
+def test_every_preset_composes_and_validates(overrides):
+    parse_config(compose(ROOT / "params", overrides), None, " ".join(overrides))
+
+
+def _write(tmp_path, raw):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    raw = compose(ROOT / "params")
+    raw["rl"]["learning_rate"] = 0.1
+    path = _write(tmp_path, raw)
+    with pytest.raises(ConfigError, match=r"params.yaml: rl.learning_rate: unknown key"):
+        load_config(path, ["env"])  # a typo anywhere fails, whatever section the stage asked for
+
+
+def test_mistyped_key_is_refused(tmp_path):
+    raw = compose(ROOT / "params")
+    raw["env"]["n_train"] = "forty"
+    with pytest.raises(ConfigError, match=r"env.n_train: expected an integer"):
+        load_config(_write(tmp_path, raw))
+
+
+def test_unknown_section_is_refused(tmp_path):
+    raw = compose(ROOT / "params")
+    raw["trainer"] = {}
+    with pytest.raises(ConfigError, match=r"trainer: unknown section"):
+        load_config(_write(tmp_path, raw))
+
+
+def test_bad_level_and_negative_count_fail_naming_the_key():
+    raw = compose(ROOT / "params")
+    raw["env"]["levels"] = ["w2-o3"]
+    with pytest.raises(ConfigError, match=r"env.levels: unknown TextWorld level 'w2-o3'"):
+        parse_config(raw)
+    raw = compose(ROOT / "params")
+    raw["env"]["n_test"] = -1
+    with pytest.raises(ConfigError, match=r"env.n_test: must be >= 0"):
+        parse_config(raw)
+
+
+def test_overlapping_seed_ranges_are_refused():
+    raw = compose(ROOT / "params", ["env.seed_valid=50010"])
+    with pytest.raises(ConfigError, match="overlaps"):
+        parse_config(raw)
+
+
+def test_group_methods_need_a_group():
+    with pytest.raises(ConfigError, match="rl.group_size"):
+        parse_config(compose(ROOT / "params", ["rl=grpo", "rl.group_size=1"]))
+
+
+@pytest.mark.parametrize("fraction,demos,episodes", [(0.0, 0, 500), (0.5, 25, 250), (1.0, 50, 0)])
+def test_budget_split(fraction, demos, episodes):
+    b = BudgetConfig(total_units=500, demo_cost=10, sft_fraction=fraction)
+    assert (b.n_demos, b.rl_episodes) == (demos, episodes)
+    assert b.n_demos * b.demo_cost + b.rl_episodes == b.total_units
+
+
+def test_budget_split_rounds_demos_down():
+    b = BudgetConfig(total_units=105, demo_cost=10, sft_fraction=0.5)  # 52.5 units -> 5 demos, 55 episodes
+    assert (b.n_demos, b.rl_episodes) == (5, 55)

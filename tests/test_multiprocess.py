@@ -1,0 +1,98 @@
+"""SFT under `torchrun --nproc_per_node 2` on CPU (gloo): both ranks end with the same, changed weights.
+
+Each rank trains on its shard of every batch and DeepSpeed averages the
+gradients, so after every step the replicas (ZeRO-1/2) or the gathered
+partitions (ZeRO-3) must agree exactly. The RL trainer uses the same pattern
+(each rank its own rollouts), so this also guards its gradient path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = ROOT / "tests" / "mp_sft_driver.py"
+
+
+def fake_rows(n: int, seed: int = 0) -> list[dict]:
+    """Token sequences of the driver's 64-token vocabulary; the last few tokens are the 'action'."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        length = rng.randint(10, 20)
+        ids = [rng.randint(2, 63) for _ in range(length - 1)] + [1]
+        n_act = rng.randint(2, 5)
+        rows.append({"input_ids": ids, "action_mask": [0] * (length - n_act) + [1] * n_act})
+    return rows
+
+
+def torchrun(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRECIPE_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # the launcher sets them
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"torchrun failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
+    return res
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_sft_two_ranks_identical_weights(tmp_path, zero_stage):
+    rows = tmp_path / "rows.jsonl"
+    # batch 4 -> 3 steps, 2 rows per rank. DeepSpeed's WarmupLR runs the first two steps at lr 0
+    # (warmup_num_steps is clamped to >= 2 and the ramp starts at warmup_min_lr = 0), so 3 steps move the weights.
+    rows.write_text("\n".join(json.dumps(r) for r in fake_rows(12)))
+    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path), "--zero-stage", str(zero_stage)], ROOT)
+    init = torch.load(tmp_path / "init.pt")
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert r0.keys() == r1.keys() == init.keys()
+    for k in r0:
+        assert torch.equal(r0[k], r1[k]), f"rank weights differ at {k}"
+    changed = [k for k in r0 if not torch.equal(r0[k], init[k])]
+    assert len(changed) == len(r0), f"unchanged after training: {sorted(set(r0) - set(changed))}"
+
+
+@pytest.mark.slow
+def test_sft_stage_runs_under_torchrun(tmp_path):
+    """stages/sft.py unchanged under torchrun: rank 0 writes the model folder, the weights moved."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from agentrecipe.models.tokenizer import train_tokenizer
+
+    tokenizer = train_tokenizer(["go north", "take key", "open door with key"] * 20, 300)
+    model = _tiny(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    base = tmp_path / "base"
+    model.save_pretrained(base, safe_serialization=True)
+    tokenizer.save_pretrained(base)
+    rows = [{**r, "input_ids": [t % len(tokenizer) for t in r["input_ids"]]} for r in fake_rows(12, seed=1)]
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "dataset"))
+    params = tmp_path / "params.yaml"
+    params.write_text("sft: {lr: 0.01, epochs: 1, batch_size: 4, warmup_steps: 0}\n"
+                      "deepspeed: {zero_stage: 2}\nmodel: {dtype: float32}\n")
+    torchrun(["-m", "stages.sft", "--params", str(params), "--data", str(tmp_path / "dataset"), "--model", str(base),
+              "--out", str(tmp_path / "sft"), "--metrics", str(tmp_path / "metrics")], ROOT)
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
+    before, after = model.state_dict(), trained.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (tmp_path / "metrics").exists()
+
+
+def _tiny(vocab: int, pad: int, eos: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                        tie_word_embeddings=True, pad_token_id=pad, eos_token_id=eos, bos_token_id=None))

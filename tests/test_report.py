@@ -1,0 +1,104 @@
+"""Report: tables from a metrics file, DVCLive curves, figures, and the stage on fake inputs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, read_tsv
+from agentrecipe.report.tables import render_report, results_table, success_table
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cell(success, n=20, low=None, high=None):
+    return {"success": success, "success_ci_low": low if low is not None else max(0.0, success - 0.2),
+            "success_ci_high": high if high is not None else min(1.0, success + 0.2), "score": success,
+            "turns_won": 5.5 if success else None, "invalid_rate": 0.1, "pass@1": success,
+            "pass@4": min(1.0, 2 * success), "n": n, "failed": 0}
+
+
+METRICS = {
+    "base": {"w2-o3-q4": _cell(0.0), "w4-o6-q8": _cell(0.0)},
+    "rl": {"w2-o3-q4": _cell(0.45, low=0.258, high=0.658), "w4-o6-q8": _cell(0.1)},
+    "expert": {"w2-o3-q4": _cell(1.0), "w4-o6-q8": _cell(1.0)},
+}
+
+
+def _write_tsv(path: Path, name: str, rows: list[tuple]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"step\t{name}\n" + "".join(f"{s}\t{v}\n" for s, v in rows))
+
+
+def test_tables():
+    table = success_table(METRICS)
+    assert table.splitlines()[0] == "| policy | w2-o3-q4 | w4-o6-q8 |"
+    assert "| rl | 45.0 [25.8, 65.8] | 10.0 [0.0, 30.0] |" in table
+    long = results_table(METRICS)
+    header = long.splitlines()[0]
+    assert "pass@1 %" in header and "pass@4 %" in header and header.index("pass@1") < header.index("pass@4")
+    assert "| w2-o3-q4 | rl | 45.0 [25.8, 65.8] | 0.45 | 5.5 | 10.0 | 45.0 | 90.0 | 20 | 0 |" in long
+    assert "| w2-o3-q4 | base | 0.0 [0.0, 20.0] | 0.00 | – |" in long  # no won episode: no turns
+    assert len(long.splitlines()) == 2 + 6
+
+
+def test_read_tsv_takes_step_and_the_value_column(tmp_path):
+    _write_tsv(tmp_path / "a.tsv", "loss", [(0, 1.0), (1, "nan"), (2, 0.5), ("x", 3)])
+    assert read_tsv(tmp_path / "a.tsv") == ([0.0, 2.0], [1.0, 0.5])
+    (tmp_path / "b.tsv").write_text("timestamp\tstep\tvalue\n1700\t3\t0.25\n")
+    assert read_tsv(tmp_path / "b.tsv") == ([3.0], [0.25])
+    (tmp_path / "c.tsv").write_text("")
+    assert read_tsv(tmp_path / "c.tsv") == ([], [])
+
+
+def test_curves_and_bar_chart(tmp_path):
+    run = tmp_path / "rl"
+    _write_tsv(run / "plots/metrics/rollout/success.tsv", "success", [(i, i / 10) for i in range(5)])
+    _write_tsv(run / "plots/metrics/losses/pg_loss.tsv", "pg_loss", [(i, 1 / (i + 1)) for i in range(5)])
+    curves = find_curves(run)
+    assert sorted(curves) == ["losses/pg_loss", "rollout/success"]
+    png = plot_curves(curves, tmp_path / "out/rl.png", "RL")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert find_curves(tmp_path / "absent") == {}
+    assert plot_curves({}, tmp_path / "none.png", "none") is None and not (tmp_path / "none.png").exists()
+    bars = plot_success_by_level(METRICS, tmp_path / "bars.png")
+    assert bars.stat().st_size > 1000
+
+
+def test_render_report_says_when_a_figure_is_missing():
+    page = render_report(METRICS, {"Success by level": Path("s.png"), "SFT learning curves": None},
+                         {"SFT learning curves": "No learning curves found under `x`."})
+    assert "![Success by level](s.png)" in page and "No learning curves found under `x`." in page
+    assert "## All metrics" in page
+
+
+def test_report_stage(tmp_path):
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval/metrics.json").write_text(json.dumps(METRICS))
+    _write_tsv(tmp_path / "metrics/sft/plots/metrics/train/loss.tsv", "loss", [(i, 2 - i / 10) for i in range(10)])
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "rl_curves.png").write_bytes(b"stale")  # from an earlier run that had RL curves
+    run = subprocess.run(
+        [sys.executable, "-m", "stages.report", "--eval", str(tmp_path / "eval"), "--metrics-dir",
+         str(tmp_path / "metrics"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    page = (out / "report.md").read_text()
+    assert "![Success by level](success_by_level.png)" in page
+    assert "![SFT learning curves](sft_curves.png)" in page
+    assert f"No learning curves found under `{tmp_path / 'metrics' / 'rl'}`" in page
+    assert "| rl | 45.0 [25.8, 65.8] |" in page
+    assert sorted(p.name for p in out.glob("*.png")) == ["sft_curves.png", "success_by_level.png"]
+
+
+def test_show_results(tmp_path, capsys):
+    from agentrecipe.cli import main
+
+    (tmp_path / "metrics.json").write_text(json.dumps(METRICS))
+    assert main(["show-results", "--metrics", str(tmp_path / "metrics.json")]) == 0
+    assert "| w4-o6-q8 | expert | 100.0 [80.0, 100.0] |" in capsys.readouterr().out
+    assert main(["show-results", "--metrics", str(tmp_path / "absent.json")]) == 1

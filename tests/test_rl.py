@@ -1,0 +1,79 @@
+"""RL learning test: every algorithm raises the success of an untrained tiny policy."""
+
+import pytest
+import torch
+
+from agentrecipe.agent.prompt import PromptEncoder, user_text
+from agentrecipe.config import AgentConfig, DeepSpeedConfig, ModelConfig, RewardConfig, RLConfig, RolloutConfig
+from agentrecipe.envs import registry
+from agentrecipe.envs.pool import EnvPool
+from agentrecipe.models.registry import build_tiny
+from agentrecipe.models.tokenizer import train_tokenizer
+from agentrecipe.rollout.engine import RolloutSettings, run_episodes
+from agentrecipe.rollout.hf_backend import HFBackend
+from agentrecipe.train.engine import unwrap
+from agentrecipe.train.rl import RLRun, rl_train
+from tests import cue_env
+
+torch.set_num_threads(1)
+# Games whose signs point east, then west: a policy that goes east with probability p on both turns
+# wins p (1 - p) <= 1/4 of its sampled episodes; one that learned to follow the signs wins them all.
+SEEDS = [s for s in range(200) if cue_env.signs(s) == ["east", "west"]][:8]
+GAMES = cue_env.build_games("cue", "train", SEEDS, "", {})
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    env = cue_env.make_env({})
+    texts = []
+    for g in GAMES:
+        o = env.reset(g)
+        texts += [user_text(o, True, True), user_text(o, True, False), "go east", "go west", "You fall into a pit."]
+    tok = train_tokenizer(texts * 4, 300)
+    model = build_tiny(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0), tok)
+    out = tmp_path_factory.mktemp("policy")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def cue_pool(monkeypatch):
+    monkeypatch.setitem(registry.FAMILIES, "cue", "tests.cue_env")
+    with EnvPool("cue", {}, n_workers=0) as pool:
+        yield pool
+
+
+def greedy_success(model, tokenizer, pool, agent: AgentConfig) -> float:
+    enc = PromptEncoder(tokenizer, agent.show_admissible, agent.history)
+    backend = HFBackend(model, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    eps = run_episodes(GAMES, backend, enc, pool, RolloutSettings(max_turns=cue_env.TURNS + 1, temperature=0.0))
+    return sum(ep.won for ep in eps) / len(eps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo,reward,history", [
+    ("grpo", "sparse", 2), ("rloo", "sparse", -1), ("reinforce_pp", "sparse", 2), ("ppo", "sparse", -1),
+])
+def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy_dir, cue_pool, tmp_path):
+    from agentrecipe.models.registry import load_model
+
+    agent = AgentConfig(history=history, max_context=512)
+    rl = RLConfig(algo=algo, lr=3e-3, critic_lr=3e-3, group_size=1 if algo == "ppo" else 4,
+                  games_per_step=16 if algo == "ppo" else 4, minibatch_size=16, update_epochs=2 if algo == "ppo" else 1,
+                  gamma=1.0, lam=0.95, checkpoint_every=1000, seed=0,
+                  kl_coef=0.01 if algo == "reinforce_pp" else 0.0, kl_in_reward=algo == "reinforce_pp")
+    run = RLRun(rl=rl, reward=RewardConfig(mode=reward), agent=agent, rollout=RolloutConfig(max_turns=3),
+                deepspeed=DeepSpeedConfig(), levels=["cue"], n_steps=25, checkpoint_dir=tmp_path / "ckpt",
+                fingerprint=algo)
+    history_log = []
+    actor, _, _ = rl_train(policy_dir, GAMES, run, cue_pool,
+                           lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
+                           log=lambda step, stats: history_log.append(stats), progress=False)
+    success = [s["rollout/success"] for s in history_log]
+    assert len(success) == 25
+    first, last = success[0], sum(success[-5:]) / 5  # step 1 rolls out the untrained policy
+    assert first <= 0.5, f"{algo}: the untrained policy already wins {first:.2f}"
+    assert last >= 0.75 and last >= first + 0.3, f"{algo}: sampled success {first:.2f} -> {last:.2f}"
+    # and the trained policy wins greedily
+    assert greedy_success(unwrap(actor), load_model(policy_dir)[1], cue_pool, agent) == 1.0
