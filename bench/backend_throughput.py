@@ -73,7 +73,7 @@ def main() -> None:
         if name == "hf":
             from agentrecipe.rollout.hf_backend import HFBackend
 
-            backend = HFBackend(model.to(device), tokenizer.pad_token_id, eos, device)
+            backend = HFBackend(model.to(device), tokenizer.pad_token_id, eos)
         else:
             backend = make_backend(name, model, tokenizer)
         startup = time.time() - t0

@@ -9,6 +9,7 @@ checkpoint of the same config when rerun after a kill.
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -44,7 +45,7 @@ def main() -> None:
     torch_threads()
     start = time.time()
     env, rl = cfg["env"], cfg["rl"]
-    n_steps = num_steps(cfg["budget"].rl_episodes, rl)
+    n_steps = num_steps(cfg["budget"].rl_episodes, rl, int(os.environ.get("WORLD_SIZE", "1")))
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"],
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=Path(args.checkpoints),
                 fingerprint=fingerprint(cfg, Path(args.model)))

@@ -55,7 +55,7 @@ class ModelPolicy:
         self.name = name
         self.agent = agent
         self.top_p = top_p
-        self.backend = HFBackend(model.to(device), tokenizer.pad_token_id, tokenizer.eos_token_id, device)
+        self.backend = HFBackend(model.to(device), tokenizer.pad_token_id, tokenizer.eos_token_id)
         self.encoder = PromptEncoder(tokenizer, agent.show_admissible, agent.history)
 
     @classmethod

@@ -32,14 +32,18 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
 class HFBackend:
     """Batched generation with the policy itself (left padding, KV cache within the turn)."""
 
-    def __init__(self, model, pad_id: int, eos_id: int, device: str = "cpu"):
-        self.model = model
+    def __init__(self, model, pad_id: int, eos_id: int):
+        self.model = getattr(model, "module", model)
         self.pad_id = pad_id
         self.eos_id = eos_id
-        self.device = device
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def update_weights(self, model) -> None:
-        self.model = model
+        """The policy itself generates: nothing to copy, just follow the (possibly new) module."""
+        self.model = getattr(model, "module", model)
 
     @torch.no_grad()
     def generate(

@@ -93,10 +93,19 @@ def _set_engine_env() -> None:
 
 
 def state_dict_for_push(model) -> dict[str, torch.Tensor]:
-    """The policy's full state dict (a DeepSpeed engine or a plain module; ZeRO-3 partitions gathered)."""
-    from agentrecipe.train.checkpoint import full_state_dict
+    """The policy's full state dict, on its own device (a DeepSpeed engine or a module).
 
-    return full_state_dict(model)
+    Under ZeRO-3 the parameters are partitioned: they are gathered, which is a
+    collective, so every rank must call this (and so `update_weights`) together.
+    """
+    module = getattr(model, "module", model)
+    params = list(module.parameters())
+    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitioned
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach() for k, v in module.state_dict().items()}
 
 
 class VLLMBackend:
@@ -134,7 +143,7 @@ class VLLMBackend:
         if not self._in_process:  # through vLLM's RPC as one safetensors blob (see vllm_worker.load_weights)
             from safetensors.torch import save as save_safetensors
 
-            state = save_safetensors(_untie(state))
+            state = save_safetensors(_untie({k: v.cpu() for k, v in state.items()}))
         self.llm.collective_rpc(vllm_worker.load_weights, args=(state,))
         self.llm.reset_prefix_cache()  # cached blocks hold keys/values of the old weights
 

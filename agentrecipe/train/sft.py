@@ -50,8 +50,8 @@ def sft_train(
     steps_per_epoch = max(1, -(-len(rows) // cfg.batch_size))
     total_steps = steps_per_epoch * cfg.epochs
     engine = make_engine(
-        model, ds_config(ds, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay,
-                         cfg.warmup_steps, total_steps)
+        model, ds_config(ds, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay),
+        warmup_steps=cfg.warmup_steps, total_steps=total_steps,
     )
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -63,7 +63,7 @@ def sft_train(
         rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_size):
             shard = order[b : b + cfg.batch_size][rank::world] or order[b : b + 1]
-            batch = collate([rows[i] for i in shard], pad_id)
+            batch = {k: v.to(engine.device) for k, v in collate([rows[i] for i in shard], pad_id).items()}
             loss = action_nll(engine, batch)
             engine.backward(loss)
             engine.step()
