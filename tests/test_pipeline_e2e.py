@@ -33,6 +33,8 @@ def project(tmp_path_factory) -> Path:
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dst / f)
     run(["git", "init", "-q"], dst)
+    run(["git", "add", "-A"], dst)
+    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst)
     run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro"], dst)
     return dst
 

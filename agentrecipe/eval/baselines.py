@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from agentrecipe.envs.base import GameSpec, Observation
-from agentrecipe.rollout.episode import Episode
+from agentrecipe.rollout.episode import Episode, end_episodes, start_episodes
 
 FALLBACK_ACTION = "look"
 
@@ -34,13 +34,7 @@ class Baseline:
         """
         base = 0 if seed is None else seed
         rngs = [random.Random(base * 1_000_003 + i) for i in range(len(games))]
-        episodes = [Episode(game=g) for g in games]
-        for i, (ep, obs) in enumerate(zip(episodes, pool.reset(list(games)))):
-            if obs is None:
-                ep.failed = ep.done = True
-                ep.error = "reset failed: " + str(getattr(pool, "last_errors", {}).get(i, "unknown error"))
-            else:
-                ep.observations.append(obs)
+        episodes = start_episodes(games, pool)
         for turn in range(max_turns):
             live = [i for i, ep in enumerate(episodes) if not ep.done]
             if not live:
@@ -55,22 +49,8 @@ class Baseline:
                 ep.action_texts.append(actions[i])
             results = pool.step(actions)
             for i in live:
-                ep, res = episodes[i], results[i]
-                if res is None or res.failed:
-                    ep.failed = ep.done = True
-                    ep.error = "no result" if res is None else res.error
-                    ep.score_deltas.append(0.0)
-                    ep.invalid.append(False)
-                    continue
-                ep.observations.append(res.obs)
-                ep.score_deltas.append(float(res.reward))
-                admissible = ep.observations[-2].admissible_commands
-                ep.invalid.append(bool(res.info.get("invalid", actions[i] not in admissible)))
-                ep.won, ep.lost, ep.done = bool(res.obs.won), bool(res.obs.lost), bool(res.done)
-        for ep in episodes:
-            if not ep.done:
-                ep.done = ep.truncated = True
-        return episodes
+                episodes[i].record(actions[i], results[i])
+        return end_episodes(episodes)
 
 
 class ExpertBaseline(Baseline):

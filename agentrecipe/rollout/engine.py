@@ -18,7 +18,7 @@ from agentrecipe.agent.decoding import TokenTrie
 from agentrecipe.agent.prompt import INVALID_REPLY, PromptEncoder, parse_reply
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.rollout.backend import GenerationBackend, SamplingParams
-from agentrecipe.rollout.episode import Episode
+from agentrecipe.rollout.episode import Episode, end_episodes, start_episodes
 
 
 @dataclass
@@ -42,14 +42,8 @@ def run_episodes(
     progress: bool = False,
 ) -> list[Episode]:
     """Play one episode per game (a game may repeat, e.g. a GRPO group) and return them in order."""
-    episodes = [Episode(game=g) for g in games]
+    episodes = start_episodes(games, pool)
     caches: list[dict] = [{} for _ in games]
-    for i, (ep, obs) in enumerate(zip(episodes, pool.reset(list(games)))):
-        if obs is None:
-            ep.failed, ep.done = True, True
-            ep.error = "reset failed: " + str(getattr(pool, "last_errors", {}).get(i, "unknown error"))
-        else:
-            ep.observations.append(obs)
     bar = tqdm(total=settings.max_turns, desc="turns", leave=False, disable=not progress)
     for turn in range(settings.max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.done]
@@ -93,23 +87,10 @@ def run_episodes(
                 ep.score_deltas.append(0.0)
                 ep.invalid.append(True)
                 continue
-            if res is None or res.failed:
-                ep.failed, ep.done = True, True
-                ep.error = "no result" if res is None else res.error
-                ep.score_deltas.append(0.0)
-                ep.invalid.append(False)
-                continue
-            ep.observations.append(res.obs)
-            ep.score_deltas.append(float(res.reward))
-            ep.invalid.append(bool(res.info.get("invalid", actions[i] not in ep.observations[-2].admissible_commands)))
-            ep.won, ep.lost = bool(res.obs.won), bool(res.obs.lost)
-            ep.done = bool(res.done)
+            ep.record(actions[i], res)
         bar.update(1)
     bar.close()
-    for ep in episodes:
-        if not ep.done:
-            ep.done, ep.truncated = True, True
-    return episodes
+    return end_episodes(episodes)
 
 
 def _admissible_trie(encoder: PromptEncoder, ep: Episode, cache: dict) -> TokenTrie:

@@ -30,6 +30,20 @@ class Episode:
     """The environment crashed or hung; the episode is recorded but not trained on."""
     error: str = ""
 
+    def record(self, action: str, res) -> None:
+        """Record the environment's answer (an EnvPool StepResult, or None) to `action`."""
+        if res is None or res.failed:
+            self.failed = self.done = True
+            self.error = "no result" if res is None else res.error
+            self.score_deltas.append(0.0)
+            self.invalid.append(False)
+            return
+        admissible = self.observations[-1].admissible_commands
+        self.observations.append(res.obs)
+        self.score_deltas.append(float(res.reward))
+        self.invalid.append(bool(res.info.get("invalid", action not in admissible)))
+        self.won, self.lost, self.done = bool(res.obs.won), bool(res.obs.lost), bool(res.done)
+
     @property
     def turns(self) -> int:
         return len(self.actions)
@@ -62,3 +76,23 @@ class Episode:
             if t < len(self.action_texts):
                 rows.append({"role": "assistant", "text": self.action_texts[t], "invalid": self.invalid[t]})
         return rows
+
+
+def start_episodes(games: list[GameSpec], pool) -> list[Episode]:
+    """Reset one environment slot per game; a failed reset gives a failed (done) episode."""
+    episodes = [Episode(game=g) for g in games]
+    for i, (ep, obs) in enumerate(zip(episodes, pool.reset(list(games)))):
+        if obs is None:
+            ep.failed = ep.done = True
+            ep.error = "reset failed: " + str(getattr(pool, "last_errors", {}).get(i, "unknown error"))
+        else:
+            ep.observations.append(obs)
+    return episodes
+
+
+def end_episodes(episodes: list[Episode]) -> list[Episode]:
+    """Episodes still running at the turn limit are truncated."""
+    for ep in episodes:
+        if not ep.done:
+            ep.done = ep.truncated = True
+    return episodes
