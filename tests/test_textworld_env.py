@@ -124,3 +124,18 @@ def test_same_seed_same_bytes(tw_games, tmp_path):
     for ext in (".z8", ".json"):
         a, b = (open(g.path.replace(".z8", ext), "rb").read() for g in (game, again))
         assert a == b, ext
+
+
+def test_admissible_commands_with_capitals_are_valid(tmp_path):
+    """Entity names keep their case ("American style passkey") while actions are lower-cased."""
+    from agentrecipe.envs.textworld_env import build_games, make_env
+
+    [game] = build_games("w2-o3-q4", "train", [50001], tmp_path, {})
+    env = make_env({})
+    obs = env.reset(game)
+    capitals = [c for c in obs.admissible_commands if c != c.lower()]
+    assert capitals, "this seed's game has capitalised entity names"
+    for action in game.expert_plan:
+        obs, _, _, info = env.step(action)
+        assert not info["invalid"], action
+    env.close()

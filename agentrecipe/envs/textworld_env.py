@@ -195,7 +195,7 @@ class TextWorldEnv:
         if self._obs is None:
             raise RuntimeError("step() before reset()")
         command = sanitize_action(action)
-        invalid = command not in self._obs.admissible_commands
+        invalid = command not in {c.lower() for c in self._obs.admissible_commands}  # sanitize_action lower-cases
         verb = command.split(" ", 1)[0]
         if self._done or not command or verb in META_VERBS:
             # Nothing reaches the engine: same state, the game's own answer to an unknown verb.

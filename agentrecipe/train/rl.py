@@ -25,19 +25,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.algos.advantages import compute_advantages
 from agentrecipe.algos.losses import aggregate, explained_variance, kl_penalty, masked_mean, policy_loss, value_loss
 from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
 from agentrecipe.envs.base import GameSpec
+from agentrecipe.models.registry import load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
+from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, turn_limit
 from agentrecipe.train.checkpoint import latest_checkpoint, load_rl_checkpoint, save_rl_checkpoint
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.engine import ds_config, make_engine, unwrap
 from agentrecipe.train.logprobs import token_logprobs
 from agentrecipe.train.rl_batch import RLBatch, build_batch
+
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -100,12 +106,8 @@ def rl_train(
     progress: bool = True,
 ):
     """Train the policy in `policy_dir`; return (actor engine, tokenizer, first step run)."""
-    from tqdm import tqdm
-
-    from agentrecipe.models.registry import DTYPES, load_model
-
     rl, rank = run.rl, int(os.environ.get("RANK", "0"))
-    model, tokenizer = load_model(policy_dir, torch.float32 if run.deepspeed.precision == "fp32" else DTYPES["bfloat16"])
+    model, tokenizer = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
     encoder = PromptEncoder(tokenizer, run.agent.show_admissible, run.agent.history)
     vocab = unwrap(model).get_output_embeddings().weight.shape[0]
     mb = rl.minibatch_size
@@ -227,6 +229,4 @@ def rl_train(
 
 
 def _returns(ep, reward_cfg: RewardConfig) -> list[float]:
-    from agentrecipe.rewards import turn_rewards
-
     return turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, reward_cfg)
