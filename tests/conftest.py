@@ -14,3 +14,21 @@ def tw_games(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("tw_games")
     return {kind: build_games(level, "test", [7], root / kind, {})[0] for kind, level in TW_LEVELS.items()}
+
+
+DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def subprocess_env() -> dict:
+    """Environment for stage subprocesses: without the torch.distributed variables that an in-process
+    DeepSpeed engine of an earlier test left behind (the child would try to bind the same MASTER_PORT)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+    env.update(PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}", AGENTRECIPE_THREADS="1",
+               DVC_NO_ANALYTICS="1", TORCH_EXTENSIONS_DIR=str(root / ".cache" / "torch_extensions"))
+    return env

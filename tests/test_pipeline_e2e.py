@@ -1,7 +1,6 @@
 """The whole DAG through DVC on the micro config, in a fresh copy of the project."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,16 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("base", "sft", "rl", "expert", "random", "first")
 
 
-def run(cmd: list[str], cwd: Path) -> str:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", DVC_NO_ANALYTICS="1",
-               TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" / "torch_extensions"))
+def run(cmd: list[str], cwd: Path, env: dict) -> str:
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout + res.stderr
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
+@pytest.fixture
+def project(tmp_path_factory, subprocess_env) -> Path:
     """A git + DVC copy of the tracked project files, with params.yaml composed from experiment=micro."""
     dst = tmp_path_factory.mktemp("project")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
@@ -32,16 +29,18 @@ def project(tmp_path_factory) -> Path:
         if (ROOT / f).is_file():
             (dst / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dst / f)
-    run(["git", "init", "-q"], dst)
-    run(["git", "add", "-A"], dst)
-    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst)
-    run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro"], dst)
+    run(["git", "init", "-q"], dst, subprocess_env)
+    run(["git", "add", "-A"], dst, subprocess_env)
+    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst,
+        subprocess_env)
+    run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro"], dst, subprocess_env)
     return dst
 
 
 @pytest.mark.slow
-def test_dvc_repro_runs_every_stage_on_the_micro_config(project):
-    out = run(["dvc", "repro"], project)
+def test_dvc_repro_runs_every_stage_on_the_micro_config(project, subprocess_env):
+    env = subprocess_env
+    out = run(["dvc", "repro"], project, env)
     stages = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
     for name in stages:
         assert f"Running stage '{name}'" in out
@@ -60,12 +59,12 @@ def test_dvc_repro_runs_every_stage_on_the_micro_config(project):
     assert (project / "data/report/report.md").read_text().count("|") > 10
 
     # Nothing changed: a second repro runs nothing.
-    again = run(["dvc", "repro"], project)
+    again = run(["dvc", "repro"], project, env)
     assert "Running stage" not in again
     # Changing an RL param leaves everything upstream of rl cached.
-    status = run(["dvc", "status"], project)
+    status = run(["dvc", "status"], project, env)
     assert "changed" not in status
     params["rl"]["lr"] = params["rl"]["lr"] * 2
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    status = run(["dvc", "status"], project)
+    status = run(["dvc", "status"], project, env)
     assert "rl:" in status and "build_envs:" not in status and "sft:" not in status

@@ -23,8 +23,8 @@ def run(cmd: list[str], env: dict) -> str:
 
 
 @pytest.mark.slow
-def test_killed_rl_stage_resumes_from_its_last_checkpoint(tmp_path):
-    env = dict(os.environ, AGENTRECIPE_THREADS="1", TORCH_EXTENSIONS_DIR=str(ROOT / ".cache" / "torch_extensions"))
+def test_killed_rl_stage_resumes_from_its_last_checkpoint(tmp_path, subprocess_env):
+    env = subprocess_env
     params = tmp_path / "params.yaml"
     # micro: 20 RL episodes of 2 games x 2 rollouts = 5 steps; a checkpoint after every step
     run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro", "rl.checkpoint_every=1",
@@ -35,11 +35,12 @@ def test_killed_rl_stage_resumes_from_its_last_checkpoint(tmp_path):
     rl = stage("rl", "--params", str(params), "--envs", str(d / "envs"), "--model", str(d / "base"),
                "--out", str(d / "rl_model"), "--checkpoints", str(d / "ckpt"), "--metrics", str(d / "metrics"))
 
-    proc = subprocess.Popen(rl, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log = tmp_path / "rl_killed.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(rl, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 600
     while not (d / "ckpt" / "step_000002").exists():
-        assert proc.poll() is None, "rl stage ended before its second checkpoint"
+        assert proc.poll() is None, f"rl stage ended before its second checkpoint:\n{log.read_text()[-3000:]}"
         assert time.time() < deadline, "no second checkpoint within 10 minutes"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # the stage and its environment workers
