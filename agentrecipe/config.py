@@ -81,6 +81,11 @@ class EnvConfig:
                         f"unknown TextWorld level {lvl!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
                         "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG",
                     )
+                    custom, cooking = CUSTOM_LEVEL.match(lvl), COOKING_LEVEL.match(lvl)
+                    _check(not custom or all(int(n) >= 1 for n in custom.groups()), f"env.{key}",
+                           f"{lvl!r}: rooms, objects and quest length must be >= 1")
+                    _check(not cooking or int(cooking.group(3)) in (1, 6, 9, 12), f"env.{key}",
+                           f"{lvl!r}: tw-cooking's number of rooms (g) must be 1, 6, 9 or 12")
         if self.name == "alfworld":
             from agentrecipe.envs import alfworld
 
@@ -281,6 +286,10 @@ class RLConfig:
         )
         _check(self.games_per_step >= 1, "rl.games_per_step", "must be >= 1")
         _check(self.minibatch_size >= 1, "rl.minibatch_size", "must be >= 1")
+        _check(self.update_epochs >= 1, "rl.update_epochs", "must be >= 1")
+        _check(self.clip_eps > 0, "rl.clip_eps", "must be > 0")
+        _check(not (self.algo == "ppo" and self.turn_level_returns), "rl.turn_level_returns",
+               "is for group methods and REINFORCE++; PPO's GAE already assigns credit per token")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
         _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")
         _check(self.turn_schedule_every >= 1, "rl.turn_schedule_every", "must be >= 1")
@@ -324,7 +333,7 @@ SECTIONS: dict[str, type] = {
     "rl": RLConfig,
     "eval": EvalConfig,
 }
-TOP_LEVEL = {"seed": int}
+TOP_LEVEL: dict[str, type] = {}  # no top-level keys: every setting lives in the section that reads it
 
 
 # ------------------------------------------------------------------- validation

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Any
@@ -36,11 +37,27 @@ def torch_threads() -> None:
     torch.set_num_threads(n)
 
 
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@contextlib.contextmanager
+def live_metrics(path: str, resume: bool = False):
+    """DVCLive on rank 0 (None on other ranks, whose logger then does nothing)."""
+    if not is_rank0():
+        yield None
+        return
+    from dvclive import Live
+
+    with Live(path, save_dvc_exp=False, dvcyaml=None, report=None, resume=resume) as live:
+        yield live
+
+
 def dvclive_logger(live):
-    """A `log(step, metrics)` callback writing DVCLive metrics at `step` (rank 0 only)."""
+    """A `log(step, metrics)` callback writing DVCLive metrics at `step` (no-op without a Live)."""
 
     def log(step: int, metrics: dict) -> None:
-        if int(os.environ.get("RANK", "0")) != 0:
+        if live is None:
             return
         live.step = step
         for key, value in metrics.items():

@@ -9,12 +9,9 @@ import time
 from pathlib import Path
 
 from datasets import Dataset
-from tqdm import tqdm
-
 from agentrecipe.agent.prompt import PromptEncoder
-from agentrecipe.agent.replay import replay_expert
+from agentrecipe.agent.replay import replay_games
 from agentrecipe.envs.manifest import read_manifest
-from agentrecipe.envs.registry import get_family
 from agentrecipe.models.registry import load_tokenizer
 from agentrecipe.train.sft_data import pick_demo_games, transcript_rows
 from stages.common import load_sections, stage_args
@@ -33,11 +30,9 @@ def main() -> None:
     start = time.time()
     games = pick_demo_games(read_manifest(Path(args.envs) / "manifest.jsonl", split="train"), env_cfg.levels, budget.n_demos)
     encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
-    env = get_family(env_cfg.name).make_env(env_cfg.family_options)
     rows = []
-    for game in tqdm(games, desc="expert replays"):
-        rows += transcript_rows(encoder, game, *replay_expert(env, game))
-    env.close()
+    for game, observations, actions in replay_games(env_cfg.name, env_cfg.family_options, games):
+        rows += transcript_rows(encoder, game, observations, actions)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     Dataset.from_dict({k: [r[k] for r in rows] for k in FEATURES}).save_to_disk(str(out / "dataset"))

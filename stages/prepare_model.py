@@ -6,11 +6,8 @@ expert walkthroughs: observations, objectives, admissible commands, actions).
 
 import time
 
-from tqdm import tqdm
-
-from agentrecipe.agent.replay import corpus_texts, replay_expert
+from agentrecipe.agent.replay import corpus_texts, replay_games
 from agentrecipe.envs.manifest import read_manifest
-from agentrecipe.envs.registry import get_family
 from agentrecipe.models.registry import prepare_base_model
 from stages.common import load_sections, stage_args, torch_threads
 
@@ -23,12 +20,9 @@ def main() -> None:
     corpus = None
     if cfg["model"].name == "tiny":
         games = read_manifest(f"{args.envs}/manifest.jsonl", split="train")
-        family = get_family(cfg["env"].name)
-        env = family.make_env(cfg["env"].family_options)
         corpus = []
-        for game in tqdm(games, desc="tokenizer corpus"):
-            corpus += corpus_texts(*replay_expert(env, game))
-        env.close()
+        for _, observations, actions in replay_games(cfg["env"].name, cfg["env"].family_options, games, "tokenizer corpus"):
+            corpus += corpus_texts(observations, actions)
     out = prepare_base_model(cfg["model"], corpus, args.out)
     print(f"prepare_model: {cfg['model'].name} -> {out} in {time.time() - start:.1f}s")
 

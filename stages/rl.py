@@ -10,26 +10,30 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-from dvclive import Live
 
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.envs.pool import EnvPool
 from agentrecipe.rollout import make_backend
 from agentrecipe.train.checkpoint import copy_model, latest_checkpoint, save_hf
 from agentrecipe.train.rl import RLRun, num_steps, rl_train
-from stages.common import dvclive_logger, load_sections, stage_args, torch_threads
+from stages.common import dvclive_logger, is_rank0, live_metrics, load_sections, stage_args, torch_threads
 
 SECTIONS = ["rl", "reward", "agent", "rollout", "deepspeed", "env", "budget"]
 
 
 def fingerprint(cfg: dict, policy_dir: Path) -> str:
-    """Hash of the params this stage reads and of the start model's weights."""
-    h = hashlib.sha256(json.dumps({k: dataclasses.asdict(v) for k, v in cfg.items()}, sort_keys=True).encode())
+    """Hash of the params that shape training and of the start model's weights (read in chunks)."""
+    shaping = {k: dataclasses.asdict(v) for k, v in cfg.items() if k != "env"}
+    shaping["env"] = {"name": cfg["env"].name, "levels": cfg["env"].levels, "alfworld": cfg["env"].alfworld}
+    h = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode())
     for f in sorted(policy_dir.glob("*.safetensors")):
-        h.update(f.read_bytes())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
     return h.hexdigest()[:16]
 
 
@@ -49,16 +53,24 @@ def main() -> None:
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"],
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=Path(args.checkpoints),
                 fingerprint=fingerprint(cfg, Path(args.model)))
+    if cfg["rollout"].temperature == 0:
+        sys.exit("error: rollout.temperature must be > 0 for RL (sampling is how the policy explores)")
+    Path(args.checkpoints).mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
     if n_steps == 0:
-        copy_model(args.model, args.out)
-        with Live(args.metrics, save_dvc_exp=False, dvcyaml=None, report=None) as live:
-            live.log_metric("rollout/success", float("nan"))
+        if is_rank0():
+            copy_model(args.model, args.out)
+            with live_metrics(args.metrics) as live:
+                live.log_metric("rollout/success", float("nan"))
         print(f"rl: budget leaves {cfg['budget'].rl_episodes} episodes, less than one step; SFT model passed through")
         return
     resuming = latest_checkpoint(run.checkpoint_dir, run.fingerprint) is not None
-    train_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="train", levels=sorted({lvl for phase in rl.curriculum for lvl in phase} | set(env.levels)))
+    levels = sorted({lvl for phase in rl.curriculum for lvl in phase} | set(env.levels))
+    train_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="train", levels=levels)
+    missing = sorted(set(levels) - {g.level for g in train_games})
+    if missing:
+        sys.exit(f"error: rl.curriculum / env.levels: no train games for {missing} (ood levels have test games only)")
     with EnvPool(env.name, env.family_options, n_workers=env.workers, timeout=env.step_timeout) as pool, \
-            Live(args.metrics, save_dvc_exp=False, dvcyaml=None, report=None, resume=resuming) as live:
+            live_metrics(args.metrics, resume=resuming) as live:
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
                                            lambda m, t: make_backend(run.rollout.backend, m, t), dvclive_logger(live))
         save_hf(actor, tokenizer, Path(args.out))

@@ -7,12 +7,11 @@ import time
 from pathlib import Path
 
 from datasets import load_from_disk
-from dvclive import Live
 
 from agentrecipe.models.registry import DTYPES, load_model
 from agentrecipe.train.checkpoint import copy_model, save_hf
 from agentrecipe.train.sft import sft_train
-from stages.common import dvclive_logger, load_sections, stage_args, torch_threads
+from stages.common import dvclive_logger, is_rank0, live_metrics, load_sections, stage_args, torch_threads
 
 
 def main() -> None:
@@ -26,10 +25,11 @@ def main() -> None:
     torch_threads()
     start = time.time()
     rows = load_from_disk(args.data).select_columns(["input_ids", "action_mask"]).to_list()
-    with Live(args.metrics, save_dvc_exp=False, dvcyaml=None, report=None) as live:
+    with live_metrics(args.metrics) as live:
         if not rows:
-            copy_model(args.model, args.out)
-            live.log_metric("train/loss", float("nan"))
+            if is_rank0():
+                copy_model(args.model, args.out)
+                live.log_metric("train/loss", float("nan"))
             print("sft: no demonstrations in the budget; base model passed through")
             return
         model, tokenizer = load_model(args.model, DTYPES[cfg["model"].dtype])

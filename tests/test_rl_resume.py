@@ -61,3 +61,14 @@ def test_killed_rl_stage_resumes_from_its_last_checkpoint(tmp_path, subprocess_e
     params.write_text(params.read_text().replace("lr: 0.0005", "lr: 0.001", 1))
     out = run(rl, env)
     assert "resumed from" not in out
+
+    # Pure SFT (the whole budget on demonstrations): no RL step, the model passes through and every
+    # declared output of the stage still exists.
+    run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro", "budget.sft_fraction=1",
+         "--output", str(params)], env)
+    out = run(stage("rl", "--params", str(params), "--envs", str(d / "envs"), "--model", str(d / "base"),
+                    "--out", str(d / "pure_sft"), "--checkpoints", str(d / "ckpt_pure_sft"),
+                    "--metrics", str(d / "metrics_pure_sft")), env)
+    assert "passed through" in out
+    for path in ("pure_sft/model.safetensors", "ckpt_pure_sft", "metrics_pure_sft"):
+        assert (d / path).exists(), path

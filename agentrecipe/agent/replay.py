@@ -33,3 +33,17 @@ def corpus_texts(observations: list[Observation], actions: list[str]) -> list[st
     texts = [user_text(observations[0], True, with_goal=True)]
     texts += [user_text(o, True, with_goal=False) for o in observations[1:]]
     return texts + list(actions) + [SYSTEM_PROMPT, INVALID_REPLY]
+
+
+def replay_games(env_name: str, options: dict, games: list[GameSpec], desc: str = "expert replays"):
+    """Yield (game, observations, actions) of each game's expert replay, in one environment."""
+    from tqdm import tqdm
+
+    from agentrecipe.envs.registry import get_family
+
+    env = get_family(env_name).make_env(options)
+    try:
+        for game in tqdm(games, desc=desc):
+            yield (game, *replay_expert(env, game))
+    finally:
+        env.close()

@@ -184,6 +184,9 @@ class EnvPool:
                 proc.join()
             conn.close()
         self._workers = []
+        for env in getattr(self, "_envs", {}).values():  # n_workers == 0: envs live in this process
+            env.close()
+        self._envs = {}
 
     def __enter__(self) -> EnvPool:
         return self

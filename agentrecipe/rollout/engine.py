@@ -53,11 +53,13 @@ def run_episodes(
         for i in live:
             ep = episodes[i]
             ids, _, _ = encoder.prompt(ep.observations, ep.actions, caches[i])
-            if len(ids) + settings.max_action_tokens > settings.max_context:
+            trie = _admissible_trie(encoder, ep, caches[i]) if settings.decoding == "admissible" else None
+            reply_room = max(settings.max_action_tokens, caches[i]["longest"]) if trie else settings.max_action_tokens
+            if len(ids) + reply_room > settings.max_context:
                 ep.done, ep.truncated = True, True
                 continue
             prompts.append(ids)
-            tries.append(_admissible_trie(encoder, ep, caches[i]) if settings.decoding == "admissible" else None)
+            tries.append(trie)
             batch.append(i)
         if not batch:
             break

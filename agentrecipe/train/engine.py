@@ -75,10 +75,8 @@ def make_engine(model: torch.nn.Module, config: dict, warmup_steps: int = 0, tot
 
     init_distributed()
     params = [p for p in model.parameters() if p.requires_grad]
-    schedule = None
-    if warmup_steps or total_steps:
-        def schedule(optimizer):
-            return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(warmup_steps, total_steps))
+    factor = warmup_linear_decay(warmup_steps, total_steps)
+    schedule = (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor)) if warmup_steps or total_steps else None
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config, lr_scheduler=schedule)
     return engine
 

@@ -78,17 +78,17 @@ def _forward_no_grad(model, batch: RLBatch, idx: list[int], temperature: float, 
             if value:
                 out.append(model(batch.input_ids[sel], batch.attention_mask[sel]).float())
             else:
-                allowed = batch.allowed_mask[sel] if batch.allowed_mask is not None else None
+                allowed = batch.allowed_mask(sel)
                 lp, _ = token_logprobs(model, batch.input_ids[sel], batch.attention_mask[sel], temperature, allowed)
                 out.append(lp)
     return torch.cat(out)
 
 
-def _minibatches(n: int, size: int, rng: random.Random) -> list[list[int]]:
+def _minibatches(n: int, size: int, rng: random.Random, device) -> list[list[int]]:
     """Shuffled minibatches; the same count on every rank (ranks hold different numbers of sequences)."""
     count = math.ceil(n / size)
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        t = torch.tensor([count])
+        t = torch.tensor([count], device=device)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
         count = int(t)
     order = list(range(n))
@@ -117,7 +117,7 @@ def rl_train(
         critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, rl.critic_lr, mb, rl.max_grad_norm))
     ref = None
     if rl.kl_coef > 0:
-        ref, _ = load_model(policy_dir)
+        ref, _ = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
         ref.to(actor.device).eval().requires_grad_(False)
     start_step = 0
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
@@ -174,9 +174,9 @@ def rl_train(
             # 6. updates
             sums: dict[str, list[float]] = {}
             for _ in range(rl.update_epochs):
-                for sel in _minibatches(S, mb, rng):
+                for sel in _minibatches(S, mb, rng, actor.device):
                     m = mask[sel]
-                    allowed = batch.allowed_mask[sel] if batch.allowed_mask is not None else None
+                    allowed = batch.allowed_mask(sel)
                     new_lp, entropy = token_logprobs(actor, batch.input_ids[sel], batch.attention_mask[sel], temperature,
                                                      allowed, with_entropy=True)
                     pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg)

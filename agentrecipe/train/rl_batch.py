@@ -26,7 +26,8 @@ class RLBatch:
     input_ids: torch.Tensor  # (S, T) sequences
     attention_mask: torch.Tensor  # (S, T)
     action_mask: torch.Tensor  # (S, T) float, 1 on generated tokens
-    allowed_mask: torch.Tensor | None  # (S, T, V) bool, constrained decoding only
+    allowed: list[dict[int, list[int]]] | None  # per sequence: position -> ids decoding allowed (constrained only)
+    vocab_size: int
     seq_episode: list[int]  # episode index of each sequence
     # per-episode action layout
     ep_turn_rewards: torch.Tensor  # (E, N)
@@ -35,6 +36,18 @@ class RLBatch:
     ep_action_mask: torch.Tensor  # (E, A)
     group_ids: torch.Tensor  # (E,)
     rollout_logprobs: torch.Tensor  # (S, T) log-probs as sampled (0 off the action mask)
+
+    def allowed_mask(self, sel: list[int]) -> torch.Tensor | None:
+        """(len(sel), T, V) bool mask of the allowed ids for some sequences, built per minibatch
+        (the whole batch's mask would be S x T x V)."""
+        if self.allowed is None:
+            return None
+        mask = torch.ones((len(sel), self.input_ids.shape[1], self.vocab_size), dtype=torch.bool)
+        for row, s in enumerate(sel):
+            for pos, ids in self.allowed[s].items():
+                mask[row, pos] = False
+                mask[row, pos, ids] = True
+        return mask.to(self.input_ids.device)
 
     def to_layout(self, x: torch.Tensor) -> torch.Tensor:
         """(S, T) per-token values -> (E, A) on each episode's action layout (on the CPU)."""
@@ -85,37 +98,27 @@ def build_batch(
             seqs.append((ids, mask))
             seq_ep.append(e)
             lp = [0.0] * len(ids)
-            allowed: list[list[int] | None] = [None] * len(ids)
+            allowed: dict[int, list[int]] = {}
+            start: dict[int, int] = {}
             for pos, t in enumerate(turns):
                 if mask[pos]:
-                    j = pos - turns.index(t)  # token index within turn t's action
+                    j = pos - start.setdefault(t, pos)  # token index within turn t's action
                     lp[pos] = ep.logprobs[t][j]
                     if ep.allowed[t] is not None:
                         allowed[pos] = ep.allowed[t][j]
             seq_lp.append(lp)
             seq_allowed.append(allowed)
-    S = len(seqs)
     input_ids = pad_batch([s[0] for s in seqs], encoder.tokenizer.pad_token_id)
-    T = input_ids.shape[1]
-    allowed_mask = None
-    if constrained:
-        allowed_mask = torch.ones((S, T, vocab_size), dtype=torch.bool)
-        for s, row in enumerate(seq_allowed):
-            for pos, ids in enumerate(row):
-                if ids is not None:
-                    allowed_mask[s, pos] = False
-                    allowed_mask[s, pos, ids] = True
-    N = max(len(r) for r in rewards)
-    A = max(len(t) for t in ep_turns)
     return RLBatch(
         input_ids=input_ids.to(device),
         attention_mask=pad_batch([[1] * len(s[0]) for s in seqs], 0).to(device),
         action_mask=pad_batch([s[1] for s in seqs], 0, dtype=torch.float32).to(device),
-        allowed_mask=allowed_mask.to(device) if allowed_mask is not None else None,
+        allowed=seq_allowed if constrained else None,
+        vocab_size=vocab_size,
         seq_episode=seq_ep,
         ep_turn_rewards=pad_batch(rewards, 0.0, dtype=torch.float32),
         ep_turn_mask=pad_batch([[1.0] * len(r) for r in rewards], 0.0, dtype=torch.float32),
-        ep_turn_ids=pad_batch(ep_turns, -1) if A else torch.zeros((len(keep), 0), dtype=torch.long),
+        ep_turn_ids=pad_batch(ep_turns, -1),
         ep_action_mask=pad_batch([[1.0] * len(t) for t in ep_turns], 0.0, dtype=torch.float32),
         group_ids=torch.tensor([group_of[i] for i in keep]),
         rollout_logprobs=pad_batch(seq_lp, 0.0, dtype=torch.float32).to(device),
