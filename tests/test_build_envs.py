@@ -36,7 +36,10 @@ def test_bad_env_params_fail_at_once_naming_the_key(env, key):
 
 
 def test_bad_cooking_rooms_fail_before_any_game(tmp_path):
-    cfg = EnvConfig(levels=["w1-o2-q1"], ood_levels=["cooking-r1-t1-g2"], workers=1)
+    with pytest.raises(ValueError, match="cooking-r1-t1-g2"):  # the config refuses it ...
+        EnvConfig(levels=["w1-o2-q1"], ood_levels=["cooking-r1-t1-g2"], workers=1)
+    cfg = EnvConfig(levels=["w1-o2-q1"], workers=1)
+    cfg.ood_levels = ["cooking-r1-t1-g2"]  # ... and so does the build, before making any game
     with pytest.raises(ValueError, match="cooking-r1-t1-g2"):
         build_curriculum(cfg, tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
