@@ -68,11 +68,7 @@ def plot_curves(curves: dict[str, Path], out: str | Path, title: str, ncols: int
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return _save(fig, out)
 
 
 def plot_success_by_level(metrics: dict, out: str | Path, levels: list[str] | None = None) -> Path:
@@ -101,6 +97,10 @@ def plot_success_by_level(metrics: dict, out: str | Path, levels: list[str] | No
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncols=min(len(policies), 6), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
+    return _save(fig, out)
+
+
+def _save(fig, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
