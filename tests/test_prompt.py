@@ -147,3 +147,15 @@ def test_batched_left_padded_generation_matches_single(tokenizer):
         assert b.ids == a.ids
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
     assert pad_batch([[1], [1, 2]], 0).tolist() == [[1, 0], [1, 2]]
+
+
+@pytest.mark.parametrize("text,objective", [
+    # TextWorld: the intro paragraph is the objective
+    ("Get the key, then open the safe!\n\n-= Hall =-\nYou are in a hall.", "Get the key, then open the safe!"),
+    # ALFWorld: the last line states the task after a label
+    ("You are in the middle of a room.\n\nYour task is to: put a book in drawer.", "put a book in drawer."),
+])
+def test_the_first_prompt_states_the_objective_once(text, objective):
+    out = user_text(obs(text, objective=objective), show_admissible=False, with_goal=True)
+    assert out.startswith(f"Goal: {objective}\n\n") and out.count(objective) == 1
+    assert "Your task is to" not in out and out.rstrip().endswith(("hall.", "room."))

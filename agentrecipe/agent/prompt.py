@@ -40,8 +40,11 @@ def user_text(obs: Observation, show_admissible: bool, with_goal: bool) -> str:
     parts = []
     text = obs.text.strip()
     if with_goal and obs.objective:
-        parts.append(f"Goal: {obs.objective.strip()}")
-        text = text.replace(obs.objective.strip(), "").strip()  # TextWorld's intro repeats the objective
+        objective = obs.objective.strip()
+        parts.append(f"Goal: {objective}")
+        if objective in text:  # drop the line(s) stating it: TextWorld's intro, ALFWorld's "Your task is to: ..."
+            marked = text.replace(objective, "\x00")
+            text = "\n".join(line for line in marked.split("\n") if "\x00" not in line).strip()
     parts.append(text or "(nothing happens)")
     if show_admissible and obs.admissible_commands:
         parts.append("Admissible commands: " + ", ".join(obs.admissible_commands))
