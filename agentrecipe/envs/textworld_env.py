@@ -164,8 +164,7 @@ class TextWorldEnv:
                                    objective=True, score=True, moves=True)
         with warnings.catch_warnings():  # jericho: "not fully supported" (textworld keeps the score itself)
             warnings.filterwarnings("ignore", message=".*not fully supported")
-            self._env = textworld.start(path, request_infos=infos)
-            self._env.reset()
+            self._env = textworld.start(path, request_infos=infos)  # reset() follows
         self._path = path
 
     def _observation(self, state, text: str | None = None) -> Observation:

@@ -67,10 +67,7 @@ class ModelPolicy:
         return cls(name or Path(folder).name, model, tokenizer, agent, device)
 
     def play(self, games, pool, max_turns, temperature, seed):
-        settings = RolloutSettings(
-            max_turns=max_turns, decoding=self.agent.decoding, max_context=self.agent.max_context,
-            max_action_tokens=self.agent.max_action_tokens, temperature=temperature, top_p=self.top_p, seed=seed,
-        )
+        settings = RolloutSettings.from_agent(self.agent, max_turns, temperature, self.top_p, seed)
         return run_episodes(games, self.backend, self.encoder, pool, settings)
 
 

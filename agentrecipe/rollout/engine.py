@@ -9,7 +9,6 @@ environment fails its episode only (recorded, counted, never raised).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -31,6 +30,12 @@ class RolloutSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+
+    @classmethod
+    def from_agent(cls, agent, max_turns: int, temperature: float, top_p: float = 1.0,
+                   seed: int | None = None) -> "RolloutSettings":
+        """Settings for a policy configured by an AgentConfig (decoding, context and reply limits)."""
+        return cls(max_turns, agent.decoding, agent.max_context, agent.max_action_tokens, temperature, top_p, seed)
 
 
 def run_episodes(
@@ -83,13 +88,10 @@ def run_episodes(
         results = pool.step(actions)
         for i in batch:
             ep, res = episodes[i], results[i]
-            if actions[i] is None:  # malformed reply: the agent is told, the game does not move
-                prev = ep.observations[-1]
-                ep.observations.append(dataclasses.replace(prev, text=INVALID_REPLY))
-                ep.score_deltas.append(0.0)
-                ep.invalid.append(True)
-                continue
-            ep.record(actions[i], res)
+            if actions[i] is None:
+                ep.record_invalid_reply(INVALID_REPLY)
+            else:
+                ep.record(actions[i], res)
         bar.update(1)
     bar.close()
     return end_episodes(episodes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from agentrecipe.envs.base import GameSpec, Observation
@@ -43,6 +44,12 @@ class Episode:
         self.score_deltas.append(float(res.reward))
         self.invalid.append(bool(res.info.get("invalid", action not in admissible)))
         self.won, self.lost, self.done = bool(res.obs.won), bool(res.obs.lost), bool(res.done)
+
+    def record_invalid_reply(self, feedback: str) -> None:
+        """A malformed reply: the agent is told `feedback`, the game does not move."""
+        self.observations.append(dataclasses.replace(self.observations[-1], text=feedback))
+        self.score_deltas.append(0.0)
+        self.invalid.append(True)
 
     @property
     def turns(self) -> int:

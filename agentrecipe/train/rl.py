@@ -139,13 +139,14 @@ def rl_train(
         candidates = [g for g in train_games if g.level in levels] or train_games
         games = rng.sample(candidates, rl.games_per_step) if len(candidates) >= rl.games_per_step else rng.choices(candidates, k=rl.games_per_step)
         group_of = [g for g in range(len(games)) for _ in range(rl.group_size)]
-        settings = RolloutSettings(max_turns, run.agent.decoding, run.agent.max_context, run.agent.max_action_tokens,
-                                   temperature, run.rollout.top_p, seed=rl.seed * 1_000_003 + step * 101 + rank)
+        settings = RolloutSettings.from_agent(run.agent, max_turns, temperature, run.rollout.top_p,
+                                              seed=rl.seed * 1_000_003 + step * 101 + rank)
         episodes = run_episodes([games[g] for g in group_of], backend, encoder, pool, settings)
         t_gen = time.time() - t0
         gen_tokens = sum(len(a) for ep in episodes for a in ep.actions)
         # 3. batch
-        batch = build_batch(episodes, group_of, encoder, run.reward, vocab, constrained, actor.device)
+        rewards = [turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in episodes]
+        batch = build_batch(episodes, rewards, group_of, encoder, vocab, constrained, actor.device)
         stats: dict[str, float] = {}
         if batch is not None:
             S = batch.input_ids.shape[0]
@@ -203,11 +204,13 @@ def rl_train(
                 stats["losses/explained_variance"] = float(explained_variance(old_values, returns, mask))
             stats["perf/train_tokens_per_s"] = float(batch.attention_mask.sum()) * rl.update_epochs / max(time.time() - t0 - t_gen, 1e-9)
         # 7. log and checkpoint
-        played = [ep for ep in episodes if not ep.failed]
+        played = [i for i, ep in enumerate(episodes) if not ep.failed]
+        returns = [sum(rewards[i]) for i in played]
+        played = [episodes[i] for i in played]
         n = max(len(played), 1)
         stats.update({
             "rollout/success": sum(ep.won for ep in played) / n,
-            "rollout/return": sum(sum(_returns(ep, run.reward)) for ep in played) / n,
+            "rollout/return": sum(returns) / n,
             "rollout/score": sum(ep.score / max(ep.game.max_score, 1e-9) for ep in played) / n,
             "rollout/turns": sum(ep.turns for ep in played) / n,
             "rollout/invalid_rate": sum(sum(ep.invalid) for ep in played) / max(sum(ep.turns for ep in played), 1),
@@ -227,6 +230,3 @@ def rl_train(
     bar.close()
     return actor, tokenizer, start_step
 
-
-def _returns(ep, reward_cfg: RewardConfig) -> list[float]:
-    return turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, reward_cfg)

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from agentrecipe.agent.prompt import PromptEncoder, training_sequences
-from agentrecipe.config import RewardConfig
-from agentrecipe.rewards import turn_rewards
 from agentrecipe.rollout.episode import Episode
 from agentrecipe.train.logprobs import pad_batch
 
@@ -75,9 +73,9 @@ class RLBatch:
 
 def build_batch(
     episodes: list[Episode],
+    episode_rewards: list[list[float]],
     group_of: list[int],
     encoder: PromptEncoder,
-    reward_cfg: RewardConfig,
     vocab_size: int,
     constrained: bool,
     device: torch.device | str = "cpu",
@@ -92,7 +90,7 @@ def build_batch(
     rewards, ep_turns = [], []
     for e, i in enumerate(keep):
         ep = episodes[i]
-        rewards.append(turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, reward_cfg))
+        rewards.append(episode_rewards[i])
         ep_turns.append([t for t, a in enumerate(ep.actions) for _ in a])
         for ids, mask, turns in training_sequences(encoder, ep.observations, ep.actions):
             seqs.append((ids, mask))
