@@ -38,8 +38,10 @@ run: install
 	$(VENV)/bin/dvc repro
 	$(PY) -m agentrecipe.cli show-results
 
+# PYTEST_ARGS narrows a run, e.g. make test PYTEST_ARGS='-x tests/test_rl.py'
+PYTEST_ARGS ?=
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 params: install
 	$(PY) -m agentrecipe.cli compose-params

@@ -23,7 +23,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from agentrecipe.config import AgentConfig, EnvConfig, EvalConfig, ModelConfig, load_config
+    from agentrecipe.envs.check_games import failed_share_error, playable
     from agentrecipe.envs.pool import EnvPool
+    from agentrecipe.eval.baselines import BASELINES
     from agentrecipe.eval.evaluate import evaluate_policy, games_from_folder, load_policy, select_games, write_results
     from agentrecipe.models.registry import DTYPES
     from agentrecipe.report.tables import results_table
@@ -39,14 +41,30 @@ def _evaluate(args: argparse.Namespace) -> int:
         overrides["pass_k"] = [k for k in cfg["eval"].pass_k if k <= args.samples] or [1]
     eval_cfg = dataclasses.replace(cfg["eval"], **overrides)
 
+    source = args.params if Path(args.params).exists() else "built-in defaults (no params file)"
+    for spec in args.model:  # a typo in a model folder fails before any game is loaded
+        if not (spec in BASELINES and not Path(spec).is_dir()) and not (Path(spec) / "config.json").exists():
+            print(f"error: --model {spec}: not a baseline ({', '.join(BASELINES)}) nor a HF model folder "
+                  f"(no {Path(spec) / 'config.json'})", file=sys.stderr)
+            return 2
+    print(f"evaluate: settings from {source}: decoding={agent.decoding}, history={agent.history}, "
+          f"max_turns={eval_cfg.max_turns}, episodes={eval_cfg.episodes}, samples={eval_cfg.samples}, "
+          f"temperature={eval_cfg.temperature}, pass_k={eval_cfg.pass_k}, seed={eval_cfg.seed}")
     games = games_from_folder(args.games, args.levels)
-    levels = args.levels or list(dict.fromkeys(g.level for g in games))
-    games = select_games(games, levels, eval_cfg.episodes)
+    loose = not (Path(args.games) / "manifest.jsonl").exists()
+    if loose:  # loose files: numbered in file-name order (not all seed 0), and all played unless --episodes
+        games = [dataclasses.replace(g, seed=i) for i, g in enumerate(games)]
     env_name = games[0].env if games else cfg["env"].name
     options = cfg["env"].family_options if env_name == cfg["env"].name else {}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
     with EnvPool(env_name, options, args.workers or cfg["env"].workers, cfg["env"].step_timeout) as pool:
+        games = playable(pool, games, lambda msg: print(msg, file=sys.stderr))  # each game started once
+        if not games:
+            print(f"error: no game in {args.games} starts (see above)", file=sys.stderr)
+            return 1
+        levels = args.levels or list(dict.fromkeys(g.level for g in games))
+        games = select_games(games, levels, args.episodes or (len(games) if loose else eval_cfg.episodes))
         for spec in args.model:
             name = Path(spec).name  # the folder's name, or the whole path where two folders share it
             name = spec if sum(Path(m).name == name for m in args.model) > 1 else name
@@ -55,6 +73,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     path = write_results(args.out, results)
     print(results_table({r.policy: r.summary for r in results}, levels))
     print(f"wrote {path}")
+    error = failed_share_error([rec for r in results for rec in r.records], eval_cfg.max_failed_share,
+                               "eval.max_failed_share")
+    if error:
+        print(error, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -69,6 +92,68 @@ def _show_results(args: argparse.Namespace) -> int:
         return 1
     print(results_table(json.loads(path.read_text())))
     return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from agentrecipe.report.compare import compare
+
+    try:
+        print(compare(args.project, args.experiments, args.param, args.policy, args.width))
+    except (ValueError, RuntimeError) as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _show_transcript(args: argparse.Namespace) -> int:
+    from agentrecipe.report.transcripts import format_transcript, read_transcripts, select
+
+    try:
+        records = select(read_transcripts(args.transcripts), args.policy, args.level)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 1
+    if not records:
+        print(f"no transcript for policy={args.policy} level={args.level} in {args.transcripts}", file=sys.stderr)
+        return 1
+    if args.index >= len(records):
+        print(f"--index {args.index}: only {len(records)} matching transcripts", file=sys.stderr)
+        return 1
+    print(format_transcript(records[args.index]))
+    return 0
+
+
+def _serve_env(args: argparse.Namespace) -> int:
+    from agentrecipe.envs.registry import get_family
+
+    try:
+        get_family(args.env)  # an unknown family fails before anything starts
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    options = {}
+    if Path(args.params).exists():
+        from agentrecipe.config import load_config
+
+        env_cfg = load_config(args.params, ["env"])["env"]
+        options = env_cfg.family_options if env_cfg.name == args.env else {}
+    from agentrecipe.envs.server import serve
+
+    serve(args.env, args.host, args.port, options, args.max_episodes, args.idle_timeout, args.game_root)
+    return 0
+
+
+def _check_envs(args: argparse.Namespace) -> int:
+    from agentrecipe.envs.check import check_families, format_table
+
+    try:
+        rows = check_families(args.env, args.games, args.levels,
+                              progress=lambda r: print(f"checked {r.family} {r.level}", file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_table(rows))
+    return 0 if all(r.ok for r in rows) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,9 +181,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="eval_results", help="folder for metrics.json, episodes.jsonl, transcripts.jsonl")
     p.set_defaults(func=_evaluate)
 
+    p = sub.add_parser("check-envs", help="build a few games per level of each environment family, replay the "
+                       "experts (all must win), check resets are deterministic, time steps; print a table")
+    p.add_argument("--env", action="append", help="only this family (repeatable; default: every installed one)")
+    p.add_argument("--levels", nargs="+", help="these levels instead of the family's check levels (one --env)")
+    p.add_argument("--games", type=int, default=2, help="games per level (default 2)")
+    p.set_defaults(func=_check_envs)
+
     p = sub.add_parser("show-results", help="print the results table of the last evaluation")
     p.add_argument("--metrics", default="data/eval/metrics.json")
     p.set_defaults(func=_show_results)
+
+    p = sub.add_parser("compare", help="DVC experiments side by side: the params that differ, success in and out of domain")
+    p.add_argument("experiments", nargs="*", help="experiment names (default: every experiment of this commit)")
+    p.add_argument("--param", action="append", help="params columns to show (default: the ones that differ)")
+    p.add_argument("--policy", default="rl", help="policy whose success is shown (default: rl)")
+    p.add_argument("--width", type=int, default=120, help="cut cells until a line fits (default: 120)")
+    p.add_argument("--project", default=".", help="the DVC project")
+    p.set_defaults(func=_compare)
+
+    p = sub.add_parser("show-transcript", help="print one evaluation episode readably")
+    p.add_argument("--transcripts", default="data/eval/transcripts.jsonl")
+    p.add_argument("--policy", help="e.g. rl, sft, expert (default: any)")
+    p.add_argument("--level", help="default: any")
+    p.add_argument("--index", type=int, default=0, help="which of the matching episodes (default: the first)")
+    p.set_defaults(func=_show_transcript)
+
+    p = sub.add_parser("serve-env", help="serve an environment family over HTTP (OpenEnv protocol) for env.remote")
+    p.add_argument("--env", required=True, help="environment family, e.g. textworld")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--max-episodes", type=int, default=256, help="episodes (sessions) at once (default: 256)")
+    p.add_argument("--idle-timeout", type=float, default=600.0,
+                   help="seconds after which a silent episode is closed (default: 600)")
+    p.add_argument("--game-root", help="only play game files under this folder (default: any path)")
+    p.add_argument("--params", default="params.yaml", help="family options (env section) when its env.name matches")
+    p.set_defaults(func=_serve_env)
 
     args = parser.parse_args(argv)
     return args.func(args)

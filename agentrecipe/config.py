@@ -32,13 +32,14 @@ def _check(cond: bool, key: str, msg: str) -> None:
 CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)$")
 COOKING_LEVEL = re.compile(r"^cooking-r(\d+)-t(\d+)-g(\d+)$")
 SIMPLE_LEVEL = re.compile(r"^simple(-(dense|balanced|sparse))?(-(detailed|brief|none))?$")
+REMOTE_URL = re.compile(r"^https?://[^/\s:]+(:\d+)?/?$")
 
 
 @dataclass
 class EnvConfig:
     """Which games the curriculum build makes and how environments are run."""
 
-    name: Literal["textworld", "alfworld"] = "textworld"
+    name: Literal["textworld", "alfworld", "swe", "babyai", "sciworld", "textcraft"] = "textworld"
     """Environment family."""
     levels: list[str] = field(default_factory=lambda: ["w2-o3-q4"])
     """Levels trained on (train, valid and test games are built for each)."""
@@ -60,10 +61,17 @@ class EnvConfig:
     """Seconds before a hung environment is killed and its episode failed."""
     alfworld: dict[str, Any] = field(default_factory=dict)
     """ALFWorld-only options (see params/env/alfworld.yaml)."""
+    swe: dict[str, Any] = field(default_factory=dict)
+    """SWE-task-only options (see params/env/swe.yaml and agentrecipe.envs.swe.DEFAULTS)."""
+    remote: list[str] = field(default_factory=list)
+    """Environment servers (`agentrecipe serve-env`) to play through instead of local workers, e.g.
+    [http://127.0.0.1:8765]; episodes spread over them. Empty: local worker processes."""
 
     @property
     def family_options(self) -> dict[str, Any]:
         """Options handed to the environment family (build_games / make_env)."""
+        if self.name == "swe":
+            return dict(self.swe)
         return dict(self.alfworld) if self.name == "alfworld" else {}
 
     def __post_init__(self) -> None:
@@ -72,6 +80,9 @@ class EnvConfig:
             _check(getattr(self, key) >= 0, f"env.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.workers >= 1, "env.workers", "must be >= 1")
         _check(self.step_timeout > 0, "env.step_timeout", "must be > 0")
+        for url in self.remote:
+            _check(isinstance(url, str) and bool(REMOTE_URL.match(url)), "env.remote",
+                   f"{url!r} is not a server URL; use http://HOST:PORT (what `agentrecipe serve-env` prints)")
         if self.name == "textworld":
             for key in ("levels", "ood_levels"):
                 for lvl in getattr(self, key):
@@ -97,6 +108,29 @@ class EnvConfig:
                         raise ConfigError(f"env.{key}: {e}") from None
             try:
                 alfworld.options_of(self.alfworld)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        if self.name in ("babyai", "sciworld", "textcraft"):  # levels checked by the family itself
+            from agentrecipe.envs.registry import get_family
+
+            family = get_family(self.name)
+            for key in ("levels", "ood_levels"):
+                for lvl in getattr(self, key):
+                    try:
+                        family.check_level(lvl)
+                    except ValueError as e:
+                        raise ConfigError(f"env.{key}: {e}") from None
+        if self.name == "swe":
+            from agentrecipe.envs import swe
+
+            for key in ("levels", "ood_levels"):
+                for lvl in getattr(self, key):
+                    try:
+                        swe.check_level(lvl)
+                    except ValueError as e:
+                        raise ConfigError(f"env.{key}: {e}") from None
+            try:
+                swe.options_of(self.swe)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         # Seed ranges of the splits must never overlap.
@@ -225,6 +259,9 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
         _check(0 < self.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+        _check(self.top_p == 1, "rollout.top_p",
+               "must be 1 for RL: training log-probs use the whole (admissible-renormalised) distribution, so "
+               "nucleus sampling would make every update off-policy; use rollout.temperature to sharpen instead")
         _check(self.max_turns >= 1, "rollout.max_turns", "must be >= 1")
 
 
@@ -246,7 +283,7 @@ class RewardConfig:
 # ---------------------------------------------------------------------------- rl
 @dataclass
 class RLConfig:
-    algo: Literal["ppo", "grpo", "rloo", "reinforce_pp"] = "grpo"
+    algo: Literal["ppo", "grpo", "rloo", "reinforce_pp", "gigpo"] = "grpo"
     lr: float = 5e-4
     critic_lr: float = 1e-3
     group_size: int = 8
@@ -261,9 +298,23 @@ class RLConfig:
     entropy_coef: float = 0.0
     gamma: float = 1.0
     lam: float = 0.95
+    discount: Literal["token", "turn"] = "token"
+    """Unit that gamma (and PPO's lam) apply once per, for every estimator: each action token, or each turn."""
+    whiten_advantages: bool = False
+    """PPO only: whiten the GAE advantages over the step batch (veRL; CleanRL per minibatch)."""
     vf_coef: float = 0.5
     value_clip: float = 0.2
     turn_level_returns: bool = False
+    gigpo_episode_weight: float = 1.0
+    """GiGPO: weight w_E of the episode-level group advantage."""
+    gigpo_step_weight: float = 1.0
+    """GiGPO: weight w_S of the step-level (anchor-state group) advantage (the paper's omega)."""
+    gigpo_norm: Literal["std", "none"] = "none"
+    """GiGPO: divide both terms by their group's std ('std') or not ('none', verl-agent mean_norm)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop zero-variance groups and play more games until games_per_step remain."""
+    dynamic_sampling_max_games: int = 8
+    """Cap on the extra games (each group_size rollouts) one step may play for dynamic sampling."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     max_grad_norm: float = 1.0
     turn_schedule: list[int] = field(default_factory=list)
@@ -274,13 +325,17 @@ class RLConfig:
     """Levels sampled in each curriculum phase; empty = env.levels throughout."""
     curriculum_every: int = 20
     checkpoint_every: int = 10
+    eval_every: int = 5
+    """Greedy episodes on the valid split every this many steps (and after the last): `valid/*` curves. 0: off."""
+    max_failed_share: float = 0.1
+    """The run stops once more than this share of its episodes failed (broken games or environments)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "rl.lr", "must be > 0")
         _check(self.group_size >= 1, "rl.group_size", "must be >= 1")
         _check(
-            self.algo not in ("grpo", "rloo") or self.group_size >= 2,
+            self.algo not in ("grpo", "rloo", "gigpo") or self.group_size >= 2,
             "rl.group_size",
             f"{self.algo} needs a group of at least 2 rollouts per game",
         )
@@ -290,11 +345,20 @@ class RLConfig:
         _check(self.clip_eps > 0, "rl.clip_eps", "must be > 0")
         _check(not (self.algo == "ppo" and self.turn_level_returns), "rl.turn_level_returns",
                "is for group methods and REINFORCE++; PPO's GAE already assigns credit per token")
+        _check(not (self.algo == "gigpo" and self.turn_level_returns), "rl.turn_level_returns",
+               "gigpo's step-level term is per turn already; leave turn_level_returns false")
+        _check(not self.whiten_advantages or self.algo == "ppo", "rl.whiten_advantages",
+               "is for ppo; grpo/rloo/gigpo normalise per group and reinforce_pp whitens already")
+        _check(not self.dynamic_sampling or self.group_size >= 2, "rl.dynamic_sampling",
+               "drops groups whose rollouts all score alike: needs rl.group_size >= 2")
+        _check(self.dynamic_sampling_max_games >= 0, "rl.dynamic_sampling_max_games", "must be >= 0")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
         _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")
         _check(self.turn_schedule_every >= 1, "rl.turn_schedule_every", "must be >= 1")
         _check(self.curriculum_every >= 1, "rl.curriculum_every", "must be >= 1")
         _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
+        _check(self.eval_every >= 0, "rl.eval_every", "must be >= 0 (0 turns validation off)")
+        _check(0 <= self.max_failed_share <= 1, "rl.max_failed_share", "must be in [0, 1]")
 
     @property
     def episodes_per_step(self) -> int:
@@ -313,10 +377,13 @@ class EvalConfig:
     max_turns: int = 20
     transcripts: int = 3
     """Full transcripts written per policy and level."""
+    max_failed_share: float = 0.1
+    """The evaluation fails when more than this share of a policy's episodes failed (broken games)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
         _check(self.episodes >= 1, "eval.episodes", "must be >= 1")
+        _check(0 <= self.max_failed_share <= 1, "eval.max_failed_share", "must be in [0, 1]")
         _check(all(k >= 1 for k in self.pass_k), "eval.pass_k", "k must be >= 1")
         _check(self.samples >= max(self.pass_k, default=1), "eval.samples", "must be >= max(eval.pass_k)")
 
@@ -411,9 +478,31 @@ def parse_config(raw: dict[str, Any], sections: list[str] | None = None, source:
                 out[name] = _coerce(raw.get(name, 0), TOP_LEVEL[name], name)
             else:
                 out[name] = from_dict(SECTIONS[name], raw.get(name), name)
+        if sections is None:
+            check_across(out, set(raw))
         return out
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def check_across(cfg: dict[str, Any], present: set[str]) -> None:
+    """Checks between sections, run whenever the whole config is validated (before any stage works).
+
+    Each check runs when the params hold all the sections it compares (a composed params.yaml
+    holds every section; a partial file written for one stage is checked on its own)."""
+    env, budget, rl, rollout = cfg["env"], cfg["budget"], cfg["rl"], cfg["rollout"]
+    n_train = env.n_train * len(env.levels)
+    _check(not {"env", "budget"} <= present or budget.n_demos <= n_train, "budget.sft_fraction",
+           f"buys {budget.n_demos} demonstrations (budget.total_units {budget.total_units} x sft_fraction "
+           f"{budget.sft_fraction:g} / demo_cost {budget.demo_cost}) but only {n_train} train games exist "
+           "(env.n_train per level of env.levels): raise env.n_train or lower budget.sft_fraction")
+    _check(not {"budget", "rl", "rollout"} <= present or budget.rl_episodes < rl.episodes_per_step
+           or rollout.temperature > 0, "rollout.temperature",
+           "must be > 0 for RL (sampling is how the policy explores; evaluation sets its own, eval.temperature)")
+    extra = sorted({lvl for phase in rl.curriculum for lvl in phase} - set(env.levels))
+    _check(not {"env", "rl"} <= present or not extra, "rl.curriculum",
+           f"level(s) {', '.join(extra)} have no train games: only env.levels get train games "
+           "(env.ood_levels get test games only)")
 
 
 def load_config(path: str | Path = "params.yaml", sections: list[str] | None = None) -> dict[str, Any]:

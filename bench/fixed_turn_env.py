@@ -3,7 +3,9 @@
 Each observation is a TextWorld-like room description of about 60-100 words
 with about 10 admissible commands, drawn deterministically from (seed, turn),
 so every run of a benchmark sees the same text. Any action is accepted; the
-episode ends (done, not won) after the given number of steps.
+episode ends (done, not won) after the given number of steps. Option `step_ms`
+makes each step burn that much CPU time (as a real game engine does; TextWorld
+takes 4-14 ms a step), so overlapping env steps with generation can be measured.
 
 Register it before building a pool (workers import it by this module name,
 so `bench/` must be on sys.path, as it is when a bench script runs):
@@ -14,6 +16,7 @@ so `bench/` must be on sys.path, as it is when a bench script runs):
 from __future__ import annotations
 
 import random
+import time
 
 from agentrecipe.envs.base import GameSpec, Observation
 
@@ -66,6 +69,9 @@ def room_text(seed: int, turn: int) -> tuple[str, tuple[str, ...]]:
 
 
 class FixedTurnEnv:
+    def __init__(self, step_ms: float = 0.0):
+        self.step_ms = step_ms
+
     def _obs(self) -> Observation:
         text, commands = room_text(self.seed, self.t)
         return Observation(text=text, objective=OBJECTIVE, admissible_commands=commands, score=0.0, max_score=1.0)
@@ -75,6 +81,9 @@ class FixedTurnEnv:
         return self._obs()
 
     def step(self, action: str):
+        end = time.process_time() + self.step_ms / 1000
+        while time.process_time() < end:  # busy: the CPU a real engine would use
+            pass
         self.t += 1
         return self._obs(), 0.0, self.t >= self.turns, {"invalid": False}
 
@@ -83,7 +92,7 @@ class FixedTurnEnv:
 
 
 def make_env(options: dict) -> FixedTurnEnv:
-    return FixedTurnEnv()
+    return FixedTurnEnv(float(options.get("step_ms", 0.0)))
 
 
 def corpus(n_games: int = 50, turns: int = 16) -> list[str]:

@@ -2,6 +2,7 @@
 
     python bench/rollout_throughput.py                          # B=16, turns 4 8 16, admissible
     python bench/rollout_throughput.py --batch 4 --turns 2 4 --decoding free --threads 2
+    python bench/rollout_throughput.py --overlap --workers 2 --step-ms 8   # + ping-pong rows, CPU-bound envs
 
 The model is the tiny Llama (ModelConfig sizes: hidden 128, 2 layers; only
 max_position is raised so a 16-turn full-history episode fits), freshly
@@ -13,7 +14,10 @@ For each turn count T, all methods play B episodes of T turns, sampling at
 temperature 1 (seeded) on the CPU:
 
 - engine h=-1 / h=2: `run_episodes` with the HF backend, full history (one
-  growing sequence) and a 2-turn window.
+  growing sequence) and a 2-turn window; each episode's KV cache is kept across
+  turns, so only the tokens after its longest cached prefix are prefilled.
+- engine pp h=-1 / h=2 (with --overlap): the same with `overlap_env`: two
+  half-batches in ping-pong, one half's env step overlapping the other's generation.
 - generate xT: raw `model.generate` (transformers, its own KV cache), T calls
   on the engine's last-turn prompts (B prompts of the final context length),
   call t forced to make exactly round(engine tokens of turn t / B) tokens per
@@ -26,10 +30,14 @@ temperature 1 (seeded) on the CPU:
   same command trie), parses, steps the env, appends the messages.
 
 Columns: gen tok = generated tokens (eos included, padding not); prompt tok =
-prompt tokens fed to prefill, summed over calls and rows (no padding); tokenised
+prompt tokens fed to prefill, summed over calls and rows (no padding; the engine
+counts only what it prefilled, not what came from kept caches); tokenised
 = tokens produced by the tokenizer (engine: new observations and commands only);
 ctx = longest last-turn prompt; gen s = seconds inside generation; tok/s = gen
-tok / total s. Every method runs once untimed at 2 turns first (warm-up).
+tok / total s; cpu s = CPU seconds of this process (with one torch thread and
+in-process envs, the work done: less sensitive to a busy machine than wall
+time; env worker processes are not counted); tok/cpu-s = gen tok / cpu s.
+Every method runs once untimed at 2 turns first (warm-up).
 """
 
 from __future__ import annotations
@@ -80,19 +88,23 @@ class TimedBackend:
         self.backend = backend
         self.seconds, self.prompt_tokens, self.per_turn_gen, self.last_prompts = 0.0, 0, [], []
 
-    def generate(self, prompts, params, tries=None):
-        t0 = time.perf_counter()
-        gens = self.backend.generate(prompts, params, tries)
+    def generate(self, prompts, params, tries=None, keys=None):
+        t0, before = time.perf_counter(), self.backend.stats["prefilled_tokens"]
+        gens = self.backend.generate(prompts, params, tries, keys)
         self.seconds += time.perf_counter() - t0
-        self.prompt_tokens += sum(len(p) for p in prompts)
+        self.prompt_tokens += self.backend.stats["prefilled_tokens"] - before
         self.per_turn_gen.append(sum(len(g.ids) for g in gens))
         self.last_prompts = [list(p) for p in prompts]
         return gens
 
+    def release(self, keys=None):
+        self.backend.release(keys)
 
-def row(turns, method, gen, prompt, tokenised, ctx, gen_s, total_s) -> dict:
+
+def row(turns, method, gen, prompt, tokenised, ctx, gen_s, total_s, cpu_s) -> dict:
     return {"turns": turns, "method": method, "gen_tok": gen, "prompt_tok": prompt, "tokenised": tokenised,
-            "ctx": ctx, "gen_s": round(gen_s, 3), "total_s": round(total_s, 3), "tok_per_s": round(gen / total_s, 1)}
+            "ctx": ctx, "gen_s": round(gen_s, 3), "total_s": round(total_s, 3), "tok_per_s": round(gen / total_s, 1),
+            "cpu_s": round(cpu_s, 3), "tok_per_cpu_s": round(gen / cpu_s, 1)}
 
 
 def hf_generate(model, tok, prompts, new_tokens: int, exact: bool, allowed_fn=None) -> list[list[int]]:
@@ -112,36 +124,40 @@ def hf_generate(model, tok, prompts, new_tokens: int, exact: bool, allowed_fn=No
     return rows
 
 
-def bench_engine(model, tok, args, pool: EnvPool, turns: int, history: int) -> tuple[dict, TimedBackend]:
+def bench_engine(model, tok, args, pool: EnvPool, turns: int, history: int,
+                 overlap: bool = False) -> tuple[dict, TimedBackend]:
     encoder = CountingEncoder(tok, show_admissible=True, history=history)
     backend = TimedBackend(HFBackend(model, tok.pad_token_id, tok.eos_token_id))
     settings = RolloutSettings(max_turns=turns, decoding=args.decoding, max_context=MAX_CONTEXT,
-                               max_action_tokens=args.action_tokens, temperature=1.0, seed=0)
+                               max_action_tokens=args.action_tokens, temperature=1.0, seed=0, overlap_env=overlap)
     games = fixed_turn_env.build_games(f"t{turns}", "train", list(range(args.batch)), None, {})
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     episodes = run_episodes(games, backend, encoder, pool, settings)
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert all(ep.turns == turns and not ep.failed for ep in episodes), [ep.summary() for ep in episodes]
     gen = sum(len(a) for ep in episodes for a in ep.actions)
     ctx = max(len(p) for p in backend.last_prompts)
-    return row(turns, f"engine h={history}", gen, backend.prompt_tokens, encoder.tokenised, ctx,
-               backend.seconds, total), backend
+    name = f"engine{' pp' if overlap else ''} h={history}"
+    return row(turns, name, gen, backend.prompt_tokens, encoder.tokenised, ctx,
+               backend.seconds, total, cpu), backend
 
 
-def bench_raw(model, tok, turns: int, engine: TimedBackend) -> list[dict]:
+def bench_raw(model, tok, turns: int, engine: TimedBackend, with_xt: bool = True) -> list[dict]:
     """T forced-length generate calls, then one call of all the tokens, on the engine's last-turn prompts."""
     prompts = engine.last_prompts
     B, ctx = len(prompts), max(len(p) for p in prompts)
     per_turn = [max(1, round(n / B)) for n in engine.per_turn_gen]
-    t0, gen = time.perf_counter(), 0
-    for k in per_turn:
-        gen += sum(len(r) for r in hf_generate(model, tok, prompts, k, exact=True))
-    total = time.perf_counter() - t0
-    rows = [row(turns, "generate xT", gen, turns * sum(map(len, prompts)), 0, ctx, total, total)]
-    t0 = time.perf_counter()
+    rows = []
+    if with_xt:
+        t0, c0, gen = time.perf_counter(), time.process_time(), 0
+        for k in per_turn:
+            gen += sum(len(r) for r in hf_generate(model, tok, prompts, k, exact=True))
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rows.append(row(turns, "generate xT", gen, turns * sum(map(len, prompts)), 0, ctx, total, total, cpu))
+    t0, c0 = time.perf_counter(), time.process_time()
     gen = sum(len(r) for r in hf_generate(model, tok, prompts, sum(per_turn), exact=True))
-    total = time.perf_counter() - t0
-    rows.append(row(turns, "generate 1x", gen, sum(map(len, prompts)), 0, ctx, total, total))
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
+    rows.append(row(turns, "generate 1x", gen, sum(map(len, prompts)), 0, ctx, total, total, cpu))
     return rows
 
 
@@ -151,7 +167,7 @@ def bench_naive(model, tok, args, pool: EnvPool, turns: int) -> dict:
     eos = tok.eos_token_id
     games = fixed_turn_env.build_games(f"t{turns}", "train", list(range(args.batch)), None, {})
     torch.manual_seed(0)
-    t0, gen_s, gen, prompt_tok, tokenised = time.perf_counter(), 0.0, 0, 0, 0
+    t0, c0, gen_s, gen, prompt_tok, tokenised = time.perf_counter(), time.process_time(), 0.0, 0, 0, 0
     obs = pool.reset(games)
     messages = [[{"role": "system", "content": SYSTEM_PROMPT},
                  {"role": "user", "content": user_text(o, True, with_goal=True)}] for o in obs]
@@ -181,15 +197,17 @@ def bench_naive(model, tok, args, pool: EnvPool, turns: int) -> dict:
                 obs[i] = results[i].obs
             reply = user_text(obs[i], True, with_goal=False) if action is not None else INVALID_REPLY
             messages[i].append({"role": "user", "content": reply})
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     return row(turns, "naive loop", gen, prompt_tok, tokenised + counter.tokenised, max(map(len, prompts)),
-               gen_s, total)
+               gen_s, total, cpu)
 
 
 def run_all(model, tok, args, pool: EnvPool, turns: int) -> list[dict]:
     full, engine = bench_engine(model, tok, args, pool, turns, history=-1)
     window, _ = bench_engine(model, tok, args, pool, turns, history=2)
-    return [full, window, *bench_raw(model, tok, turns, engine), bench_naive(model, tok, args, pool, turns)]
+    pp = [bench_engine(model, tok, args, pool, turns, h, overlap=True)[0] for h in (-1, 2)] if args.overlap else []
+    raw = bench_raw(model, tok, turns, engine, with_xt=not args.no_xt)
+    return [full, window, *pp, *raw, bench_naive(model, tok, args, pool, turns)]
 
 
 def main() -> None:
@@ -200,6 +218,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--action-tokens", type=int, default=24, help="max new tokens per turn (free decoding makes ~all)")
     p.add_argument("--workers", type=int, default=0, help="env worker processes (0: envs in this process)")
+    p.add_argument("--step-ms", type=float, default=0.0, help="CPU ms each env step burns (TextWorld: 4-14)")
+    p.add_argument("--no-xt", action="store_true", help="skip `generate xT` (the slowest row)")
+    p.add_argument("--overlap", action="store_true", help="also the engine in ping-pong (RolloutSettings.overlap_env)")
     args = p.parse_args()
     if args.batch < 1 or min(args.turns) < 1 or args.threads < 1:
         p.error("--batch, --turns and --threads must be >= 1")
@@ -209,20 +230,22 @@ def main() -> None:
     tok = train_tokenizer(fixed_turn_env.corpus() + [SYSTEM_PROMPT, INVALID_REPLY], ModelConfig().vocab_size)
     model = build_tiny(ModelConfig(max_position=MAX_CONTEXT), tok).eval()
     print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tok)}, "
-          f"batch {args.batch}, decoding {args.decoding}, {args.threads} thread(s); "
+          f"batch {args.batch}, decoding {args.decoding}, {args.threads} thread(s), {args.workers} env workers, "
+          f"{args.step_ms:g} ms/step; "
           f"setup {time.perf_counter() - t0:.1f}s")
     rows = []
-    head = f"{'turns':>5} {'method':<13} {'gen tok':>8} {'prompt tok':>10} {'tokenised':>9} {'ctx':>5} " \
-           f"{'gen s':>7} {'total s':>7} {'tok/s':>8}"
-    with EnvPool("fixed", {}, n_workers=args.workers) as pool:  # one pool (and worker start) for every run
+    head = f"{'turns':>5} {'method':<15} {'gen tok':>8} {'prompt tok':>10} {'tokenised':>9} {'ctx':>5} " \
+           f"{'gen s':>7} {'total s':>7} {'tok/s':>8} {'cpu s':>7} {'tok/cpu-s':>9}"
+    # one pool (and worker start) for every run
+    with EnvPool("fixed", {"step_ms": args.step_ms}, n_workers=args.workers) as pool:
         run_all(model, tok, args, pool, 2)  # warm-up, untimed (also starts the env workers)
         print(head + "\n" + "-" * len(head))
         for turns in args.turns:
             for r in run_all(model, tok, args, pool, turns):
                 rows.append(r)
-                print(f"{r['turns']:>5} {r['method']:<13} {r['gen_tok']:>8} {r['prompt_tok']:>10} "
+                print(f"{r['turns']:>5} {r['method']:<15} {r['gen_tok']:>8} {r['prompt_tok']:>10} "
                       f"{r['tokenised']:>9} {r['ctx']:>5} {r['gen_s']:>7.2f} {r['total_s']:>7.2f} "
-                      f"{r['tok_per_s']:>8.1f}", flush=True)
+                      f"{r['tok_per_s']:>8.1f} {r['cpu_s']:>7.2f} {r['tok_per_cpu_s']:>9.1f}", flush=True)
     print(json.dumps(rows))
 
 

@@ -153,14 +153,3 @@ def run_streaming(
 def run(cmd: list[str], cwd: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a short `dvc` command to completion, capturing its output as text."""
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-
-
-def flatten(obj, prefix: str = "") -> dict:
-    """Nested mappings as one level with dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
-    if not isinstance(obj, dict):
-        return {prefix: obj} if prefix else {"value": obj}
-    flat: dict = {}
-    for key, value in obj.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        flat.update(flatten(value, name) if isinstance(value, dict) else {name: value})
-    return flat

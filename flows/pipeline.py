@@ -11,7 +11,9 @@ retries and artifacts (evaluation table, report) in the UI.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from flows.dvc_dag import dvc, dvc_env, flatten, read_dag, run_streaming
+from agentrecipe.report.compare import flatten
+from flows.dvc_dag import dvc, dvc_env, read_dag, run_streaming
 
 METRICS_FILE = "data/eval/metrics.json"
 REPORT_FILE = "data/report/report.md"
@@ -77,7 +80,25 @@ def publish_results(project: Path, metrics_file: str, report_file: str) -> None:
         except (ValueError, TypeError) as e:
             logger.warning("could not publish %s: %s", metrics_file, e)
     if report_path.exists():
-        create_markdown_artifact(report_path.read_text(), key="report", description=f"`{report_file}` after this run")
+        text = embed_images(report_path.read_text(), report_path.parent)
+        create_markdown_artifact(text, key="report", description=f"`{report_file}` after this run")
+
+
+IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+MIME = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
+
+
+def embed_images(markdown: str, base: Path) -> str:
+    """Markdown with its images relative to `base` inlined as data: URIs (the Prefect UI cannot
+    reach files of the project); links to other places and missing files are left as they are."""
+    def inline(m: re.Match) -> str:
+        path = base / m.group(2)
+        if "://" in m.group(2) or path.suffix.lower() not in MIME or not path.is_file():
+            return m.group(0)
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f"![{m.group(1)}](data:{MIME[path.suffix.lower()]};base64,{data})"
+
+    return IMAGE.sub(inline, markdown)
 
 
 @flow(name="pipeline")

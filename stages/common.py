@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
+import hashlib
+import json
 import os
+import shutil
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentrecipe.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+"""The project: dvc.yaml and the code the stages run."""
+
+
+TIMINGS_DIR = Path("data/timings")
+"""Each stage's wall time, `<stage>.json`, read by the report (written on rank 0 when the stage exits)."""
 
 
 def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
@@ -16,7 +31,23 @@ def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
     parser.add_argument("--params", default="params.yaml", help="composed params file")
     if add_arguments:
         add_arguments(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    _record_wall_time()
+    return args
+
+
+def _record_wall_time() -> None:
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is None or not spec.name.startswith("stages.") or not is_rank0():
+        return
+    name, start = spec.name.split(".", 1)[1], time.time()
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            TIMINGS_DIR.mkdir(parents=True, exist_ok=True)
+            (TIMINGS_DIR / f"{name}.json").write_text(json.dumps({"stage": name, "seconds": round(time.time() - start, 1)}))
+
+    atexit.register(write)
 
 
 def load_sections(path: str, sections: list[str]) -> dict[str, Any]:
@@ -65,3 +96,68 @@ def dvclive_logger(live):
         live.make_summary()
 
     return log
+
+
+def stage_fingerprint(stage: str, params_path: str | Path, inputs: list[Path]) -> str:
+    """What a stage's result depends on, as DVC sees it: sha256 (16 hex digits) of the values of
+    the params keys dvc.yaml lists for the stage (read from params_path), of the files of its
+    code deps (its dvc.yaml deps outside data/) and of its data inputs (the paths given on its
+    command line, which stand in for its data/ deps)."""
+    from agentrecipe.train.checkpoint import hash_paths
+
+    spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]
+    raw = yaml.safe_load(Path(params_path).read_text()) or {}
+    params = {}
+    for key in spec.get("params", []):
+        if isinstance(key, dict):  # `params.yaml:` with no keys: the whole file
+            params.update({f"{name}:": raw for name in key})
+            continue
+        value = raw
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        params[key] = value
+    code = [ROOT / dep for dep in spec["deps"] if not dep.startswith("data/")]
+    h = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+    h.update(hash_paths(code).encode())
+    h.update(hash_paths(inputs).encode())
+    return h.hexdigest()[:16]
+
+
+def copy_live(src: Path, dst: Path, upto: int | None = None) -> None:
+    """Copy a DVCLive folder to dst (replacing it atomically), keeping only steps <= upto.
+
+    Each series is plots/metrics/<name>.tsv with the step in its first column; metrics.json
+    (the summary) is rebuilt from the last kept row of every series."""
+    from agentrecipe.train.checkpoint import replace_dir
+
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if upto is not None:
+        summary: dict = {}
+        for tsv in sorted((tmp / "plots" / "metrics").rglob("*.tsv")):
+            header, *rows = tsv.read_text().splitlines()
+            rows = [r for r in rows if int(r.split("\t")[0]) <= upto]
+            tsv.write_text("\n".join([header, *rows]) + "\n")
+            if rows:
+                node = summary
+                *parents, name = tsv.relative_to(tmp / "plots" / "metrics").with_suffix("").parts
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[name] = float(rows[-1].split("\t")[1])
+        summary["step"] = upto
+        (tmp / "metrics.json").write_text(json.dumps(summary, indent=4) + "\n")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    replace_dir(tmp, dst)
+
+
+def env_pool(env):
+    """The pool the stages play through, for an EnvConfig: its servers (env.remote, see
+    agentrecipe/envs/remote_pool.py) when it lists any, else local worker processes."""
+    if env.remote:
+        from agentrecipe.envs.remote_pool import RemotePool
+
+        return RemotePool(env.name, env.remote, timeout=env.step_timeout)
+    from agentrecipe.envs.pool import EnvPool
+
+    return EnvPool(env.name, env.family_options, n_workers=env.workers, timeout=env.step_timeout)

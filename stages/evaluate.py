@@ -4,7 +4,8 @@
 
 In-domain levels are env.levels, out-of-domain env.ood_levels; eval.episodes test games of
 each (first by seed). Writes metrics.json ({policy: {level: cell}}, plus pooled `in_domain`
-and `ood` cells), episodes.jsonl and transcripts.jsonl.
+and `ood` cells), episodes.jsonl and transcripts.jsonl. Fails, writing nothing, when more than
+eval.max_failed_share of a policy's episodes failed (broken games or environments).
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from pathlib import Path
 
 import torch
 
+from agentrecipe.envs.feasibility import check_feasible
+from agentrecipe.envs.check_games import failed_share_error
 from agentrecipe.envs.manifest import read_manifest
-from agentrecipe.envs.pool import EnvPool
 from agentrecipe.eval.baselines import get_baseline
 from agentrecipe.eval.evaluate import ModelPolicy, evaluate_policy, select_games, write_results
 from agentrecipe.models.registry import DTYPES
 from agentrecipe.report.tables import results_table
-from stages.common import load_sections, stage_args, torch_threads
+from stages.common import env_pool, load_sections, stage_args, torch_threads
 
 MODELS = ("base", "sft", "rl")
 BASELINES = ("expert", "random", "first")
@@ -43,10 +45,11 @@ def main() -> None:
 
     levels = env.levels + env.ood_levels
     games = select_games(read_manifest(Path(args.envs) / "manifest.jsonl", "test", levels), levels, eval_cfg.episodes)
+    check_feasible(games, [eval_cfg.max_turns], "eval.max_turns")
     groups = {"in_domain": env.levels, "ood": env.ood_levels}
     start = time.perf_counter()
     results = []
-    with EnvPool(env.name, env.family_options, env.workers, env.step_timeout) as pool:
+    with env_pool(env) as pool:
         for name in MODELS + BASELINES:
             if name in MODELS:
                 policy = ModelPolicy.from_folder(Path(args.models) / name, cfg["agent"], name, device,
@@ -56,6 +59,10 @@ def main() -> None:
             results.append(evaluate_policy(policy, games, pool, eval_cfg, groups, args.batch_size))
             del policy
         failures = pool.failures
+    error = failed_share_error([rec for r in results for rec in r.records], eval_cfg.max_failed_share,
+                               "eval.max_failed_share")
+    if error:  # before anything is written: DVC must not cache a table built on failures
+        raise SystemExit(error)
     write_results(args.out, results)
 
     metrics = {r.policy: r.summary for r in results}

@@ -1,6 +1,7 @@
 """Stage gen_sft_data: replay the expert on N train games into tokenised chat transcripts.
 
-N = budget.n_demos (the SFT share of the budget). Writes a HF `datasets`
+N = budget.n_demos (the SFT share of the budget; 0 for pure RL writes an empty dataset,
+and the sft stage passes the base model through). Writes a HF `datasets`
 dataset under <out>/dataset and the raw transcripts under <out>/transcripts.jsonl.
 """
 
@@ -35,7 +36,9 @@ def main() -> None:
         rows += transcript_rows(encoder, game, observations, actions)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    Dataset.from_dict({k: [r[k] for r in rows] for k in FEATURES}).save_to_disk(str(out / "dataset"))
+    # One shard even when empty: datasets saves zero rows as zero shards, which load_from_disk cannot read.
+    Dataset.from_dict({k: [r[k] for r in rows] for k in FEATURES}).save_to_disk(str(out / "dataset"),
+                                                                                 num_shards=None if rows else 1)
     with open(out / "transcripts.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps({"game": r["game"], "level": r["level"], "actions": r["actions"], "text": r["text"]}) + "\n")

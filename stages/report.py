@@ -2,8 +2,10 @@
 
     python -m stages.report --eval data/eval --metrics-dir data/metrics --out data/report
 
-Learning curves are every DVCLive TSV under <metrics-dir>/sft and <metrics-dir>/rl; a run
-that logged none gets a line saying so instead of a figure.
+Learning curves are every DVCLive TSV under <metrics-dir>/sft and <metrics-dir>/rl (RL in a
+main figure and a diagnostics figure); a run that logged none gets a line saying so instead of a
+figure. A "What ran" section gives the git revision, the params that differ from the defaults of
+params/, seeds, budget, games per level and each stage's wall time (data/timings/).
 """
 
 from __future__ import annotations
@@ -11,11 +13,39 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level
+from agentrecipe.config import BudgetConfig, ConfigError, from_dict
+from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.params import compose
+from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, split_rl_curves
+from agentrecipe.report.provenance import git_revision, params_diff, provenance_section
 from agentrecipe.report.tables import render_report
-from stages.common import stage_args
+from stages.common import TIMINGS_DIR, stage_args
 
-CURVES = {"SFT learning curves": ("sft", "sft_curves.png"), "RL learning curves": ("rl", "rl_curves.png")}
+STAGE_ORDER = ("build_envs", "prepare_model", "gen_sft_data", "sft", "rl", "evaluate")
+
+
+def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
+    """The provenance section of the report (params.yaml against the composed defaults of params/)."""
+    import yaml
+
+    params = yaml.safe_load(params_path.read_text()) if params_path.exists() else {}
+    defaults = compose("params") if Path("params/config.yaml").exists() else {}
+    try:
+        budget_cfg = from_dict(BudgetConfig, params.get("budget", {}), "budget")
+        budget = {"demonstrations": budget_cfg.n_demos, "RL episodes": budget_cfg.rl_episodes}
+    except ConfigError:
+        budget = {}
+    games: dict[str, dict[str, int]] = {}
+    if (envs / "manifest.jsonl").exists():
+        for g in read_manifest(envs / "manifest.jsonl"):
+            games.setdefault(g.level, {}).setdefault(g.split, 0)
+            games[g.level][g.split] += 1
+    timings = {}
+    for stage in STAGE_ORDER:
+        f = timings_dir / f"{stage}.json"
+        if f.exists():
+            timings[stage] = float(json.loads(f.read_text())["seconds"])
+    return provenance_section(git_revision(), params_diff(params, defaults), params, budget, games, timings)
 
 
 def main() -> None:
@@ -23,6 +53,8 @@ def main() -> None:
         p.add_argument("--eval", default="data/eval"),
         p.add_argument("--metrics-dir", default="data/metrics"),
         p.add_argument("--out", default="data/report"),
+        p.add_argument("--envs", default="data/envs", help="games manifest folder (games per level)"),
+        p.add_argument("--timings", default=str(TIMINGS_DIR), help="stage wall times (<stage>.json)"),
     ))
     metrics_path = Path(args.eval) / "metrics.json"
     if not metrics_path.exists():
@@ -35,12 +67,19 @@ def main() -> None:
 
     figures: dict[str, Path | None] = {"Success by level": plot_success_by_level(metrics, out / "success_by_level.png")}
     notes = {}
-    for name, (run, png) in CURVES.items():
-        run_dir = Path(args.metrics_dir) / run
-        figures[name] = plot_curves(find_curves(run_dir), out / png, name)
+    sft_dir, rl_dir = Path(args.metrics_dir) / "sft", Path(args.metrics_dir) / "rl"
+    rl_main, rl_diag = split_rl_curves(find_curves(rl_dir))
+    for name, curves, png, smoothing, run_dir in (
+        ("RL learning curves", rl_main, "rl_curves.png", 0.6, rl_dir),
+        ("RL diagnostics", rl_diag, "rl_diagnostics.png", 0.0, rl_dir),
+        ("SFT learning curves", find_curves(sft_dir), "sft_curves.png", 0.0, sft_dir),
+    ):
+        figures[name] = plot_curves(curves, out / png, name, smoothing=smoothing)
         notes[name] = f"No learning curves found under `{run_dir}` (no DVCLive *.tsv files)."
     figures = {name: p.relative_to(out) if p is not None else None for name, p in figures.items()}
-    (out / "report.md").write_text(render_report(metrics, figures, notes))
+    page = render_report(metrics, figures, notes)
+    page += "\n" + what_ran(Path(args.params), Path(args.envs), Path(args.timings))
+    (out / "report.md").write_text(page)
     drawn = [str(p) for p in figures.values() if p is not None]
     print(f"report: {out / 'report.md'} with {', '.join(drawn)}")
 

@@ -2,39 +2,57 @@
 
 Runs budget.rl_episodes episodes (rl.games_per_step x rl.group_size per step),
 logs DVCLive metrics each step, checkpoints every rl.checkpoint_every steps
-under --checkpoints (persistent), and resumes from the last complete
-checkpoint of the same config when rerun after a kill.
+under --checkpoints/<fingerprint>/ (persistent) and resumes from the newest intact
+checkpoint of the same fingerprint when rerun after a kill. The fingerprint covers
+everything DVC reruns the stage for: its params, its code and its inputs, so other
+code or params never resume from these checkpoints (and never delete them).
+The DVCLive history is kept beside the checkpoints and cut back to the checkpoint's
+step on resume. A run that already finished (DVC reran the stage with nothing changed,
+e.g. `dvc repro -f`) writes out its final checkpoint's model and curves and says so.
+More than rl.max_failed_share failed episodes (broken games or environments) stop it.
 """
 
-import dataclasses
-import hashlib
-import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-
 from agentrecipe.envs.manifest import read_manifest
-from agentrecipe.envs.pool import EnvPool
 from agentrecipe.rollout import make_backend
-from agentrecipe.train.checkpoint import copy_model, latest_checkpoint, save_hf
+from agentrecipe.train.checkpoint import checkpoint_step, copy_model, latest_checkpoint, save_hf
 from agentrecipe.train.rl import RLRun, num_steps, rl_train
-from stages.common import dvclive_logger, is_rank0, live_metrics, load_sections, stage_args, torch_threads
+from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
+                           stage_fingerprint, torch_threads)
 
 SECTIONS = ["rl", "reward", "agent", "rollout", "deepspeed", "env", "budget"]
+HISTORY = "dvclive"
+"""The DVCLive state of a config, beside its checkpoints."""
 
 
-def fingerprint(cfg: dict, policy_dir: Path) -> str:
-    """Hash of the params that shape training and of the start model's weights (read in chunks)."""
-    shaping = {k: dataclasses.asdict(v) for k, v in cfg.items() if k != "env"}
-    shaping["env"] = {"name": cfg["env"].name, "levels": cfg["env"].levels, "alfworld": cfg["env"].alfworld}
-    h = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode())
-    for f in sorted(policy_dir.glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+def other_configs(checkpoints: Path, fingerprint: str) -> list[str]:
+    """Checkpoint folders of other fingerprints (left alone), e.g. ['0123abcd (step_000010)']."""
+    out = []
+    for folder in sorted(p for p in checkpoints.iterdir() if p.is_dir() and p.name != fingerprint):
+        steps = sorted(p.name for p in folder.glob("step_*") if p.name[5:].isdigit())
+        out.append(f"{folder.name} ({steps[-1] if steps else 'no checkpoint'})")
+    return out
+
+
+def failure_guard(log, limit: float, episodes_per_step: int):
+    """`log` that also stops the run once more than `limit` of this run's episodes failed."""
+    counts = {"failed": 0.0, "played": 0}
+
+    def guarded(step: int, stats: dict) -> None:
+        log(step, stats)
+        counts["failed"] += stats.get("rollout/failed_episodes", 0.0)
+        counts["played"] += episodes_per_step
+        if counts["failed"] > limit * counts["played"]:
+            sys.exit(f"error: {counts['failed']:.0f} of {counts['played']} RL episodes failed by step {step}, "
+                     f"more than rl.max_failed_share={limit:g}: broken games or environments (see the errors above); "
+                     "the last checkpoint is kept, fix them and rerun")
+
+    return guarded
 
 
 def main() -> None:
@@ -50,12 +68,11 @@ def main() -> None:
     start = time.time()
     env, rl = cfg["env"], cfg["rl"]
     n_steps = num_steps(cfg["budget"].rl_episodes, rl, int(os.environ.get("WORLD_SIZE", "1")))
+    checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
+    fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)])
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"],
-                levels=env.levels, n_steps=n_steps, checkpoint_dir=Path(args.checkpoints),
-                fingerprint=fingerprint(cfg, Path(args.model)))
-    if cfg["rollout"].temperature == 0:
-        sys.exit("error: rollout.temperature must be > 0 for RL (sampling is how the policy explores)")
-    Path(args.checkpoints).mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
+                levels=env.levels, n_steps=n_steps, checkpoint_dir=checkpoints / fingerprint, fingerprint=fingerprint)
+    checkpoints.mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
     if n_steps == 0:
         if is_rank0():
             copy_model(args.model, args.out)
@@ -63,18 +80,53 @@ def main() -> None:
                 live.log_metric("rollout/success", float("nan"))
         print(f"rl: budget leaves {cfg['budget'].rl_episodes} episodes, less than one step; SFT model passed through")
         return
-    resuming = latest_checkpoint(run.checkpoint_dir, run.fingerprint) is not None
     levels = sorted({lvl for phase in rl.curriculum for lvl in phase} | set(env.levels))
     train_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="train", levels=levels)
     missing = sorted(set(levels) - {g.level for g in train_games})
     if missing:
-        sys.exit(f"error: rl.curriculum / env.levels: no train games for {missing} (ood levels have test games only)")
-    with EnvPool(env.name, env.family_options, n_workers=env.workers, timeout=env.step_timeout) as pool, \
-            live_metrics(args.metrics, resume=resuming) as live:
+        sys.exit(f"error: rl.curriculum / env.levels: no train games for {missing} in {args.envs}")
+
+    # Resume: the newest intact checkpoint of this fingerprint, and its DVCLive history.
+    rank0 = is_rank0()
+    if rank0 and (others := other_configs(checkpoints, fingerprint)):
+        print(f"rl: left alone under {checkpoints}: checkpoints of {len(others)} other config(s): {', '.join(others)}")
+    ckpt = latest_checkpoint(run.checkpoint_dir, fingerprint, print if rank0 else None)
+    first = checkpoint_step(ckpt) if ckpt is not None else 0
+    history = run.checkpoint_dir / HISTORY
+    if not history.exists() and history.with_name(HISTORY + ".old").exists():
+        history = history.with_name(HISTORY + ".old")  # killed while replacing it
+    if rank0:
+        shutil.rmtree(metrics, ignore_errors=True)
+        if ckpt is not None and history.exists():
+            copy_live(history, metrics, upto=first)
+        elif ckpt is not None:
+            print(f"rl: no DVCLive history beside {ckpt}: the curves start after step {first}")
+    if first >= n_steps:
+        if rank0:
+            copy_model(ckpt / "model", args.out)
+        print(f"rl: this config (fingerprint {fingerprint}: the same params, code and inputs) already trained all "
+              f"{n_steps} steps; DVC reran the stage (dvc repro -f, or its outputs were removed): its final checkpoint "
+              f"{ckpt} and its curves are written out unchanged, no step is run. "
+              f"To train again, delete {run.checkpoint_dir}")
+        return
+
+    with env_pool(env) as pool, \
+            live_metrics(args.metrics, resume=ckpt is not None) as live:
+        log = dvclive_logger(live)
+
+        def log_and_keep(step: int, stats: dict) -> None:
+            log(step, stats)
+            if live is not None:
+                copy_live(metrics, run.checkpoint_dir / HISTORY)  # before the step's checkpoint is written
+
+        guarded = failure_guard(log_and_keep, rl.max_failed_share, rl.episodes_per_step)
+        valid_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="valid", levels=env.levels)
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
-                                           lambda m, t: make_backend(run.rollout.backend, m, t), dvclive_logger(live))
+                                           lambda m, t: make_backend(run.rollout.backend, m, t), guarded,
+                                           valid_games=valid_games)
         save_hf(actor, tokenizer, Path(args.out))
-        print(f"rl: {rl.algo}, steps {first}..{n_steps} ({n_steps * rl.episodes_per_step} episodes), "
+        print(f"rl: {rl.algo}, steps {first + 1}..{n_steps} of {n_steps} "
+              f"({(n_steps - first) * rl.episodes_per_step} episodes this run), "
               f"{pool.failures} env failures, {time.time() - start:.1f}s -> {args.out}")
 
 

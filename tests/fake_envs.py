@@ -1,4 +1,6 @@
-"""A fake environment family for pool tests: the actions "raise", "hang" and "crash" misbehave."""
+"""A fake environment family for pool tests: the actions "raise", "hang" and "crash" misbehave,
+and so does a game whose path ends in "corrupt" (its reset kills the process, as a truncated
+story file kills the TextWorld interpreter)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,17 @@ def check_level(name: str) -> None:
 
 
 def build_games(level: str, split: str, seeds: list[int], out_dir, options: dict) -> list[GameSpec]:
-    return [GameSpec(path=f"{out_dir}/{seed}", level=level, env="fake", split=split, seed=seed) for seed in seeds]
+    if level == "crash":  # the build worker dies, as on a game that kills its interpreter
+        os._exit(1)
+    return [GameSpec(path=f"{out_dir}/{seed}", level=level, env="fake", split=split, seed=seed, expert_plan=("win",))
+            for seed in seeds]
 
 
 class FakeEnv:
     def reset(self, game: GameSpec) -> Observation:
+        if game.path.endswith("corrupt"):
+            os.write(2, b"Fatal error: Story file read error\n")
+            os._exit(1)
         self.game, self.t = game, 0
         return Observation(text=f"start {game.seed}", objective="say win", admissible_commands=("win",),
                            score=0.0, max_score=1.0)

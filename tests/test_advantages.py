@@ -6,14 +6,16 @@ import pytest
 import torch
 
 from agentrecipe.algos import (
-    ADVANTAGE_FNS,
     add_kl_penalty,
+    at_turn_starts,
     broadcast_to_tokens,
     compute_advantages,
     grpo_advantages,
     masked_gae,
     reinforce_pp_advantages,
+    returns_to_go,
     rloo_advantages,
+    step_ends,
     token_rewards,
     turn_level_returns,
     turn_sums,
@@ -160,9 +162,12 @@ def _batch():
     )
 
 
-def test_registry_covers_every_configured_algo():
+def test_every_configured_algo_has_an_estimator():
     algos = typing.get_args(typing.get_type_hints(RLConfig)["algo"])
-    assert set(ADVANTAGE_FNS) == set(algos)
+    extra = {"ppo": dict(values=VALUES.repeat(2, 1)), "gigpo": dict(anchor_ids=torch.zeros(2, 3, dtype=torch.long))}
+    for algo in algos:
+        adv, _ = compute_advantages(algo, **_batch(), cfg=RLConfig(algo=algo), **extra.get(algo, {}))
+        assert adv.shape == MASK.repeat(2, 1).shape
     with pytest.raises(ValueError, match="unknown rl.algo"):
         compute_advantages("a2c", **_batch(), cfg=RLConfig())
 
@@ -176,11 +181,17 @@ def test_compute_advantages_grpo_broadcasts_episode_advantage():
 
 
 def test_compute_advantages_rloo_turn_level():
-    # gamma 0.5: G(ep0) = (0.5 + 0.5*1, 1) = (1, 1), G(ep1) = (0, 0); RLOO per turn -> +-1 each turn
-    cfg = RLConfig(algo="rloo", gamma=0.5, turn_level_returns=True)
+    # discount turn, gamma 0.5: G(ep0) = (0.5 + 0.5*1, 1) = (1, 1), G(ep1) = (0, 0); RLOO per turn -> +-1
+    cfg = RLConfig(algo="rloo", gamma=0.5, turn_level_returns=True, discount="turn")
     adv, _ = compute_advantages("rloo", **_batch(), cfg=cfg)
     assert adv[0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1, 1, 0]
     assert adv[1].tolist() == [0, 0, -1, -1, 0, 0, 0, -1, -1, 0]
+    # discount token: G_n is the token return-to-go at turn n's first action token (2 and 7):
+    #   G_8 = 1, G_7 = 0.5 * 1 = 0.5, G_3 = 0.5 + 0.5 * 0.5 = 0.75, G_2 = 0.5 * 0.75 = 0.375
+    #   -> G(ep0) = (0.375, 0.5), G(ep1) = (0, 0); RLOO -> +-0.375 on turn 0, +-0.5 on turn 1
+    adv, _ = compute_advantages("rloo", **_batch(), cfg=RLConfig(algo="rloo", gamma=0.5, turn_level_returns=True))
+    assert adv[0].tolist() == approx([0, 0, 0.375, 0.375, 0, 0, 0, 0.5, 0.5, 0])
+    assert adv[1].tolist() == approx([0, 0, -0.375, -0.375, 0, 0, 0, -0.5, -0.5, 0])
 
 
 def test_compute_advantages_ppo_is_masked_gae_with_kl_in_reward():
@@ -214,13 +225,135 @@ def test_compute_advantages_reinforce_pp():
 
 
 def test_compute_advantages_rloo_kl_in_reward_sums_kl_per_episode():
-    # kl 0.1 on ep0's 4 action tokens, 0 on ep1's; beta 0.5:
-    #   R0 = 0.5 + 1.0 - 0.5 * 4 * 0.1 = 1.3;  R1 = 0  ->  RLOO A = +1.3, -1.3
+    # kl 0.1 on ep0's 4 action tokens, 0 on ep1's; beta 0.5. The task return is baselined first,
+    # the episode's KL is subtracted after:  R = (1.5, 0) -> RLOO A = +-1.5
+    #   ep0: 1.5 - 0.5 * 4 * 0.1 = 1.3;  ep1: -1.5 - 0 = -1.5
     kl = torch.stack([torch.full((10,), 0.1), torch.zeros(10)])
     cfg = RLConfig(algo="rloo", kl_coef=0.5, kl_in_reward=True)
     adv, _ = compute_advantages("rloo", **_batch(), kl=kl, cfg=cfg)
     assert adv[0, [2, 3, 7, 8]].tolist() == approx([1.3] * 4)
-    assert adv[1, [2, 3, 7, 8]].tolist() == approx([-1.3] * 4)
+    assert adv[1, [2, 3, 7, 8]].tolist() == approx([-1.5] * 4)
     # with the KL in the loss instead, the kl tensor is not used: A = +-1.5
     adv, _ = compute_advantages("rloo", **_batch(), kl=kl, cfg=RLConfig(algo="rloo", kl_coef=0.5))
     assert adv[0, [2, 3, 7, 8]].tolist() == approx([1.5] * 4)
+
+
+# ------------------------------------------------- truncation (issue 12, defect 1)
+def test_masked_gae_bootstraps_a_truncated_episode():
+    # As test_masked_gae_skips_environment_tokens, but the episode was cut by the turn limit:
+    # V after the last action token is V(s_H) = 0.5 instead of 0 (gamma 0.9, lam 0.8, gamma*lam 0.72).
+    # t=8: delta = 1.0 + 0.9*0.5 - 0.4 = 1.05                 A = 1.05
+    # t=7: delta = 0.06                                       A = 0.06 + 0.72*1.05    = 0.816
+    # t=3: delta = 0.57                                       A = 0.57 + 0.72*0.816   = 1.15752
+    # t=2: delta = 0.08                                       A = 0.08 + 0.72*1.15752 = 0.9134144
+    r = token_rewards(TURN_REWARDS, TURN_MASK, MASK, TURN_IDS)
+    adv, ret = masked_gae(r, VALUES, MASK, gamma=0.9, lam=0.8, bootstrap_values=torch.tensor([0.5]))
+    assert adv[0].tolist() == approx([0, 0, 0.9134144, 1.15752, 0, 0, 0, 0.816, 1.05, 0])
+    assert ret[0, 8].item() == approx(1.05 + 0.4)
+    # a terminal episode passes 0: the result of no bootstrap
+    assert torch.equal(masked_gae(r, VALUES, MASK, 0.9, 0.8, bootstrap_values=torch.zeros(1))[0],
+                       masked_gae(r, VALUES, MASK, 0.9, 0.8)[0])
+
+
+def test_compute_advantages_ppo_passes_bootstrap_values():
+    b = _batch()
+    values = VALUES.repeat(2, 1)
+    boot = torch.tensor([0.5, 0.0])  # episode 0 truncated, episode 1 ended
+    adv, _ = compute_advantages("ppo", **b, values=values, bootstrap_values=boot, cfg=RLConfig(algo="ppo", gamma=0.9, lam=0.8))
+    # row 0 is the hand-computed truncated case above (same rewards 0.5, 1.0)
+    assert adv[0].tolist() == approx([0, 0, 0.9134144, 1.15752, 0, 0, 0, 0.816, 1.05, 0])
+
+
+# ------------------------------------------------- discount unit (issue 12, defect 8)
+def test_step_ends_token_and_turn():
+    assert step_ends(MASK, TURN_IDS, "token").tolist() == MASK.tolist()
+    # turn: only the last action token of each turn (3 and 8)
+    assert torch.nonzero(step_ends(MASK, TURN_IDS, "turn")[0]).flatten().tolist() == [3, 8]
+    with pytest.raises(ValueError, match="rl.discount"):
+        step_ends(MASK, TURN_IDS, "episode")
+
+
+def test_masked_gae_per_turn_discount():
+    # gamma 0.9, lam 0.8 applied only after the last token of a turn (3, 8); inside a turn g = l = 1.
+    # t=8 (end):  delta = 1.0 + 0.9*0   - 0.4 = 0.6            A = 0.6
+    # t=7:        delta = 0   + 1*0.4   - 0.3 = 0.1            A = 0.1 + 1*0.6       = 0.7
+    # t=3 (end):  delta = 0.5 + 0.9*0.3 - 0.2 = 0.57           A = 0.57 + 0.72*0.7   = 1.074
+    # t=2:        delta = 0   + 1*0.2   - 0.1 = 0.1            A = 0.1 + 1*1.074     = 1.174
+    # check t=2 by the closed form r_0 + gamma V_7 + gamma lam A_7 - V_2 = 0.5 + 0.27 + 0.504 - 0.1 = 1.174
+    r = token_rewards(TURN_REWARDS, TURN_MASK, MASK, TURN_IDS)
+    adv, _ = masked_gae(r, VALUES, MASK, 0.9, 0.8, step_end=step_ends(MASK, TURN_IDS, "turn"))
+    assert adv[0].tolist() == approx([0, 0, 1.174, 1.074, 0, 0, 0, 0.7, 0.6, 0])
+    cfg = RLConfig(algo="ppo", gamma=0.9, lam=0.8, discount="turn")
+    b = _batch()
+    adv_c, _ = compute_advantages("ppo", **b, values=VALUES.repeat(2, 1), cfg=cfg)
+    assert adv_c[0].tolist() == approx(adv[0].tolist())
+
+
+def test_turn_returns_per_turn_discount_match_turn_level_returns():
+    # Three turns with 1, 2 and 1 action tokens; gamma 0.9, rewards (0, 0.5, 1):
+    # turn discount: G = (0.9*(0.5 + 0.9*1), 0.5 + 0.9*1, 1) = (1.26, 1.4, 1.0), as turn_level_returns
+    mask = torch.tensor([[1, 0, 1, 1, 0, 1]], dtype=torch.bool)
+    tids = torch.tensor([[0, -1, 1, 1, -1, 2]])
+    tr = torch.tensor([[0.0, 0.5, 1.0]])
+    tm = torch.ones(1, 3, dtype=torch.bool)
+    r = token_rewards(tr, tm, mask, tids)
+    G = at_turn_starts(returns_to_go(r, mask, 0.9, step_ends(mask, tids, "turn")), mask, tids, 3)
+    assert G.tolist() == [approx([1.26, 1.4, 1.0])]
+    assert G.tolist() == [approx(turn_level_returns(tr, tm, 0.9)[0].tolist())]
+    # token discount: one gamma per action token from the turn's first token:
+    #   turn 2 (token 5): 1;  turn 1 (tokens 2, 3): 0.9*(0.5 + 0.9*1) = 1.26;  turn 0 (token 0): 0.9*1.26 = 1.134
+    G = at_turn_starts(returns_to_go(r, mask, 0.9), mask, tids, 3)
+    assert G.tolist() == [approx([1.134, 1.26, 1.0])]
+
+
+# ------------------------------------------------- KL after normalising (issue 12, defect 3)
+def _all_fail_batch():
+    """Two failed episodes (sparse reward: all 0) of one game, kl 0.1 and 0.2 per action token."""
+    b = _batch()
+    b["turn_rewards"] = torch.zeros(2, 3)
+    return b, torch.stack([torch.full((10,), 0.1), torch.full((10,), 0.2)])
+
+
+def test_reinforce_pp_kl_in_reward_keeps_beta_scale_on_an_all_fail_batch():
+    # Task returns are all 0 -> whitened 0; then A_t = -beta * KL-to-go (gamma 1, token discount):
+    #   ep0 tokens 2, 3, 7, 8: KL-to-go 0.4, 0.3, 0.2, 0.1 -> A = -0.004, -0.003, -0.002, -0.001
+    #   ep1: 0.8, 0.6, 0.4, 0.2 -> A = -0.008, -0.006, -0.004, -0.002
+    # (whitening the KL-shaped return instead gave unit-variance advantages: std 1, max |A| > 1.)
+    b, kl = _all_fail_batch()
+    cfg = RLConfig(algo="reinforce_pp", kl_coef=0.01, kl_in_reward=True, kl_estimator="k1")
+    adv, _ = compute_advantages("reinforce_pp", **b, kl=kl, cfg=cfg)
+    assert adv[0, [2, 3, 7, 8]].tolist() == approx([-0.004, -0.003, -0.002, -0.001])
+    assert adv[1, [2, 3, 7, 8]].tolist() == approx([-0.008, -0.006, -0.004, -0.002])
+    assert adv.abs().max().item() <= 0.01 * 0.8 + 1e-9
+
+
+def test_group_methods_kl_in_reward_keep_beta_scale_on_an_all_fail_batch():
+    # grpo: R = (0, 0) -> A^task = 0; minus beta * episode KL: 0.01 * 0.4 = 0.004, 0.01 * 0.8 = 0.008
+    # (the group std of the KL-shaped returns used to turn them into +-0.70711)
+    b, kl = _all_fail_batch()
+    cfg = RLConfig(algo="grpo", kl_coef=0.01, kl_in_reward=True)
+    adv, _ = compute_advantages("grpo", **b, kl=kl, cfg=cfg)
+    assert adv[0, [2, 3, 7, 8]].tolist() == approx([-0.004] * 4)
+    assert adv[1, [2, 3, 7, 8]].tolist() == approx([-0.008] * 4)
+    # per turn (turn-level returns, and gigpo): the KL return-to-go from each turn's first token,
+    #   ep0: turn 0 0.4, turn 1 0.2 -> -0.004, -0.002;  ep1: -0.008, -0.004
+    for algo, extra in [("grpo", dict(turn_level_returns=True)), ("gigpo", {})]:
+        cfg = RLConfig(algo=algo, kl_coef=0.01, kl_in_reward=True, **extra)
+        adv, _ = compute_advantages(algo, **b, kl=kl, cfg=cfg, anchor_ids=torch.tensor([[0, 1, -1], [0, 1, -1]]))
+        assert adv[0, [2, 3, 7, 8]].tolist() == approx([-0.004, -0.004, -0.002, -0.002]), algo
+        assert adv[1, [2, 3, 7, 8]].tolist() == approx([-0.008, -0.008, -0.004, -0.004]), algo
+
+
+# ------------------------------------------------- PPO whitening (issue 12, defect 9)
+def test_ppo_whiten_advantages():
+    # GAE of test_masked_gae_skips_environment_tokens on tokens 2, 3, 7, 8: 0.7454528, 0.92424, 0.492, 0.6
+    # mean 0.6904232, population var 0.0263117, std 0.1622087
+    # -> (A - mean) / std = 0.3392518, 1.4414564, -1.2232585, -0.5574497; value targets unchanged
+    b = dict(turn_rewards=TURN_REWARDS, turn_mask=TURN_MASK, action_mask=MASK, turn_ids=TURN_IDS,
+             group_ids=torch.tensor([0]))
+    raw, raw_ret = compute_advantages("ppo", **b, values=VALUES, cfg=RLConfig(algo="ppo", gamma=0.9, lam=0.8))
+    adv, ret = compute_advantages("ppo", **b, values=VALUES,
+                                  cfg=RLConfig(algo="ppo", gamma=0.9, lam=0.8, whiten_advantages=True))
+    assert raw[0, [2, 3, 7, 8]].tolist() == approx([0.7454528, 0.92424, 0.492, 0.6])
+    assert adv[0].tolist() == approx([0, 0, 0.3392518, 1.4414564, 0, 0, 0, -1.2232585, -0.5574497, 0])
+    assert torch.equal(ret, raw_ret)

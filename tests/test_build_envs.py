@@ -82,3 +82,25 @@ def test_stage_smoke(tmp_path):
     params.write_text(yaml.safe_dump({"env": {"n_train": -2}}))
     out = subprocess.run([*stage, str(tmp_path / "x")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "env.n_train" in out.stderr
+
+
+def test_games_do_not_record_where_the_project_lives(tw_games):
+    """TextWorld wrote the absolute path of its grammar folder (in this venv) into every game's .json,
+    so data/envs hashed differently in every clone (issue 13, defect 8)."""
+    for game in tw_games.values():
+        meta = Path(game.path).with_suffix(".json").read_text()
+        assert sys.prefix not in meta and "site-packages" not in meta, game.path
+    game = tw_games["simple"]  # and the game still plays to its win
+    check_plan(make_env({"expert": False}), game)
+
+
+def test_a_dying_build_worker_fails_the_build_naming_its_batches(tmp_path):
+    """multiprocessing.Pool waited forever for the batch of a worker that died."""
+    from agentrecipe.envs.build import _batches
+
+    sys.path.insert(0, str(Path(__file__).parent))  # spawned workers import fake_envs by name
+    jobs = [("fake_envs", "ok", "train", [1, 2], str(tmp_path / "ok"), {}),
+            ("fake_envs", "crash", "test", [7, 8], str(tmp_path / "crash"), {})]
+    with pytest.raises(RuntimeError, match="a build worker died") as e:
+        list(_batches(2, jobs))
+    assert "crash test seeds 7..8" in str(e.value)

@@ -6,7 +6,6 @@ import csv
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,57 +14,43 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # flows/ is a top-level folder, not part of the installed package
 
-from flows.dvc_dag import Dag, flatten  # noqa: E402
-from flows.pipeline import metrics_rows  # noqa: E402
-from flows.sweep import (  # noqa: E402
-    expand, experiment_name, hydra_value, parse_queue_status, plot_columns, point_overrides, resolve_spec, summary_columns,
-)
+from agentrecipe.report.compare import flatten  # noqa: E402
+from flows.dvc_dag import Dag  # noqa: E402
+from flows.pipeline import embed_images, metrics_rows  # noqa: E402
+from flows.sweep import expand, load_preset, point_names, swept_keys  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (ROOT / "params" / "sweep").glob("*.yaml"))
 
 
 # ------------------------------------------------------------------ helpers
-@pytest.mark.parametrize(
-    "value", ["ppo", "w2-o3-q4", "a b", "1.0", "true", "it's", 0.2, -1, 1e-5, True, None, [], [6, 10, 14], ["w2-o3-q4", "x y"], {"a": 1}]
-)
-def test_hydra_value_round_trips_through_hydras_parser(value):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    assert OverridesParser.create().parse_override(f"k={hydra_value(value)}").value() == value
-
-
-def test_experiment_names_are_readable_unique_and_ref_safe():
-    taken: set[str] = set()
-    names = [
-        experiment_name("s", {"rl": "ppo", "reward": "dense"}, taken),
-        experiment_name("s", {"train.lr": -1.0}, taken),
-        experiment_name("s", {"train.lr": 1.0}, taken),
-        experiment_name("s", {"rl.turn_schedule": []}, taken),
-        experiment_name("s", {"env.levels": ["w2-o3-q4", "w4-o6-q8"]}, taken),
-        experiment_name("s", {"rl": "ppo", "reward": "dense"}, taken),
-        experiment_name("s", {"x": "a" * 200}, taken),
+def test_sweeps_expand_as_dvc_does_first_key_slowest():
+    assert expand([["env=dense", "rl=ppo,grpo", "reward=sparse,dense"], ["rl=rloo"]]) == [
+        ["env=dense", "rl=ppo", "reward=sparse"], ["env=dense", "rl=ppo", "reward=dense"],
+        ["env=dense", "rl=grpo", "reward=sparse"], ["env=dense", "rl=grpo", "reward=dense"], ["rl=rloo"],
     ]
-    assert names[:5] == ["s-rl-ppo-reward-dense", "s-lr-m1.0", "s-lr-1.0", "s-turn_schedule-none", "s-levels-w2-o3-q4-w4-o6-q8"]
-    assert names[5] == "s-rl-ppo-reward-dense-2" and len(names[6]) <= 80 and len(set(names)) == len(names)
-    for name in names:
+    # Hydra's own syntax for lists: three points, each with one list.
+    assert expand([["env.levels=[a],[b,c]"]]) == [["env.levels=[a]"], ["env.levels=[b,c]"]]
+
+
+def test_points_are_named_after_the_values_they_sweep():
+    points = expand([["env=dense", "rl=ppo,reinforce_pp", "reward=sparse,dense"], ["rl=rloo"]])
+    assert swept_keys(points) == ["env", "rl", "reward"]  # env is missing from the last point
+    assert point_names(points) == [
+        "env-dense_rl-ppo_reward-sparse", "env-dense_rl-ppo_reward-dense",
+        "env-dense_rl-reinforce_pp_reward-sparse", "env-dense_rl-reinforce_pp_reward-dense", "rl-rloo",
+    ]
+    assert point_names(expand([["x=1", "train.lr=0.2,-1", "rl.turn_schedule=[],[6,10]"]])) == [
+        "lr-0.2_turn_schedule-none", "lr-0.2_turn_schedule-6-10", "lr-m1_turn_schedule-none", "lr-m1_turn_schedule-6-10",
+    ]
+    assert point_names([["a=1"]]) == ["a-1"]  # nothing differs: every override names it
+    assert point_names([["a=1"], ["a=1"]]) == ["a-1", "a-1-2"]
+    for name in point_names(points):
         assert subprocess.run(["git", "check-ref-format", f"refs/exps/{name}"]).returncode == 0, name
-
-
-def test_grid_expands_to_every_combination_then_explicit_points():
-    points = expand({"rl": ["ppo", "grpo"], "reward": ["sparse", "dense"]}, [{"rl": "rloo"}])
-    assert points == [
-        {"rl": "ppo", "reward": "sparse"}, {"rl": "ppo", "reward": "dense"},
-        {"rl": "grpo", "reward": "sparse"}, {"rl": "grpo", "reward": "dense"}, {"rl": "rloo"},
-    ]
-    with pytest.raises(ValueError, match="non-empty list"):
-        expand({"rl": "ppo"})
-    with pytest.raises(ValueError, match="no points"):
-        expand({}, [])
 
 
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="budget_split"):
-        resolve_spec(ROOT, None, None, "nope", None, None, None)
+        load_preset(ROOT, "nope")
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -74,15 +59,14 @@ def test_presets_compose_into_valid_params(preset):
     from agentrecipe.config import parse_config
     from agentrecipe.params import compose
 
-    spec = resolve_spec(ROOT, None, None, preset, ["experiment=micro"], None, None)
-    assert spec.name == preset and len(spec.points) >= 2
-    for point in spec.points:
-        overrides = [*spec.overrides, *point_overrides(point)]
+    points = expand([[*s, "experiment=micro"] for s in load_preset(ROOT, preset)["sweeps"]])
+    assert len(points) >= 2 and len(set(point_names(points))) == len(points)
+    for overrides in points:
         parse_config(compose(ROOT / "params", overrides), None, " ".join(overrides))
 
 
 def test_paper_ablation_presets_exist():
-    assert {"budget_split", "algo_x_reward", "env_complexity", "turn_schedule"} <= set(PRESETS)
+    assert {"budget_split", "algo_x_reward", "env_complexity", "turn_schedule", "rl_algos"} <= set(PRESETS)
 
 
 def test_sweep_presets_are_not_a_config_group_of_the_recipe(tmp_path):
@@ -91,21 +75,17 @@ def test_sweep_presets_are_not_a_config_group_of_the_recipe(tmp_path):
     out = tmp_path / "params.yaml"
     assert main(["compose-params", "--config-dir", str(ROOT / "params"), "--output", str(out)]) == 0
     composed = yaml.safe_load(out.read_text())
-    assert "sweep" not in composed and "grid" not in composed
+    assert "sweep" not in composed and "sweeps" not in composed
 
 
-def test_parse_queue_status():
-    text = textwrap.dedent("""\
-        Task     Name       Created    Status
-        fdd67b5  sw-a       11:29 AM   Running
-        9ade321  sw-b       Nov 30, 2025   Failed
-
-        Worker status: 1 active, 0 idle
-    """)
-    rows, workers = parse_queue_status(text)
-    assert rows == [{"task": "fdd67b5", "name": "sw-a", "status": "Running"}, {"task": "9ade321", "name": "sw-b", "status": "Failed"}]
-    assert workers == (1, 0)
-    assert parse_queue_status("No experiment tasks in the queue.\n\nWorker status: 0 active, 0 idle\n") == ([], (0, 0))
+def test_report_images_are_embedded_for_the_ui(tmp_path):
+    png = b"\x89PNG\r\n\x1a\nfake"
+    (tmp_path / "curves.png").write_bytes(png)
+    text = "# R\n![RL curves](curves.png)\n![gone](missing.png) ![web](https://x.org/a.png) [link](curves.png)\n"
+    assert embed_images(text, tmp_path) == (
+        "# R\n![RL curves](data:image/png;base64,iVBORw0KGgpmYWtl)\n"
+        "![gone](missing.png) ![web](https://x.org/a.png) [link](curves.png)\n"
+    )
 
 
 def test_metrics_tables():
@@ -120,14 +100,6 @@ def test_metrics_tables():
         {"policy": "rl", "level": "w1", "success": 1.0}, {"policy": "rl", "level": "ood", "success": 0.5},
         {"policy": "sft", "level": "w1", "success": 0.0},
     ]
-
-
-def test_sweep_plots_and_summarises_success_columns():
-    rows = [{"experiment": "e", "status": "success", "rl": "ppo", "rl.ood.success": 0.5, "rl.ood.score": 1.0, "n": 2, "error": ""}]
-    assert plot_columns(rows, ["rl"], ["rl.ood.success"]) == ["rl.ood.success"]
-    assert plot_columns(rows, ["rl"], ["renamed.metric"]) == ["rl.ood.success"]  # falls back, never empty
-    assert plot_columns([{k: v for k, v in rows[0].items() if "success" not in k}], ["rl"], []) == ["rl.ood.score", "n"]
-    assert summary_columns(rows, ["rl"], [], most=4) == ["experiment", "status", "rl", "rl.ood.success", "error"]
 
 
 def test_dag_select_takes_targets_and_their_upstream_in_run_order():
@@ -311,6 +283,18 @@ def test_failed_stage_fails_the_flow_with_its_message(prefect_harness, tmp_path)
     assert not (project / "report.txt").exists()
 
 
+# The layout of data/eval/metrics.json: success with its interval, pooled in_domain and ood cells.
+SWEEP_SCORE_PY = """\
+import json, os, sys, yaml
+lr = yaml.safe_load(open("params.yaml"))["train"]["lr"]
+if lr < 0:
+    sys.exit(f"score: lr must be >= 0, got {lr}")
+cell = {"success": lr, "success_ci_low": lr - 0.1, "success_ci_high": lr + 0.1}
+os.makedirs("data/eval", exist_ok=True)
+ood = {"success": lr / 2, "success_ci_low": lr / 2 - 0.05, "success_ci_high": lr / 2 + 0.05}
+json.dump({"rl": {"in_domain": cell, "ood": ood}}, open("data/eval/metrics.json", "w"))
+"""
+
 SWEEP_YAML = """\
 stages:
   train:
@@ -322,22 +306,72 @@ stages:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_sweep_collects_every_point_into_one_table(prefect_harness, tmp_path):
+@pytest.mark.timeout(900)
+def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harness, tmp_path, capsys):
+    from agentrecipe.cli import main
+    from agentrecipe.report.compare import compare
     from flows.sweep import sweep
 
-    project = make_project(tmp_path / "p", SWEEP_YAML, {"score.py": SCORE_PY})
-    rows = sweep(grid={"train.lr": [0.2, 0.3]}, points=[{"train.lr": -1.0}], project_dir=str(project), poll_s=1, timeout_s=400)
+    project = make_project(tmp_path / "p", SWEEP_YAML, {"score.py": SWEEP_SCORE_PY})
+    state = sweep(overrides=["train.lr=0.2,0.3,-1"], project_dir=str(project), return_state=True)
+    assert state.is_failed() and "1 of 3 points failed (lr-m1)" in state.message
 
-    by_name = {r["experiment"]: r for r in rows}
-    assert list(by_name) == ["grid-lr-0.2", "grid-lr-0.3", "grid-lr-m1.0"]
-    assert by_name["grid-lr-0.2"]["status"] == "success" and by_name["grid-lr-0.2"]["rl.success"] == pytest.approx(2.0)
-    assert by_name["grid-lr-0.3"]["status"] == "success" and by_name["grid-lr-0.3"]["rl.success"] == pytest.approx(3.0)
-    assert by_name["grid-lr-m1.0"]["status"] == "failed" and "lr must be >= 0" in by_name["grid-lr-m1.0"]["error"]
+    with (project / "data/sweeps/sweep/results.csv").open() as f:
+        table = {r["experiment"]: r for r in csv.DictReader(f)}
+    assert list(table) == ["lr-0.2", "lr-0.3", "lr-m1"]
+    assert table["lr-0.3"]["state"] == "success" and table["lr-0.3"]["train.lr"] == "0.3"
+    assert table["lr-0.3"]["rl.in_domain.success"] == "0.3" and table["lr-0.3"]["rl ood"] == "15.0 [10.0, 20.0]"
+    assert table["lr-0.3"]["rl in-domain"] == "30.0 [20.0, 40.0]" and table["lr-0.3"]["error"] == ""
+    # DVC gives the failed point the baseline's metrics; its row holds none, and its error.
+    failed = table["lr-m1"]
+    assert failed["state"] == "failed" and failed["rl in-domain"] == "–" and failed["rl.in_domain.success"] == ""
+    assert "lr must be >= 0, got -1" in failed["error"] and len(failed["error"]) <= 300
+    assert (project / "data/sweeps/sweep/results.png").stat().st_size > 0
+    shown = json.loads(artifact("sweep-sweep").data)
+    assert list(shown[0]) == ["experiment", "state", "train.lr", "rl in-domain", "rl ood", "sft in-domain", "sft ood", "error"]
+    assert [r["experiment"] for r in shown] == list(table)
 
-    out = project / "data/sweeps/grid"
-    with (out / "results.csv").open() as f:
-        table = list(csv.DictReader(f))
-    assert [r["train.lr"] for r in table] == ["0.2", "0.3", "-1.0"] and table[1]["rl.success"] == "3.0"
-    assert (out / "results.png").stat().st_size > 0
-    assert [r["experiment"] for r in json.loads(artifact("sweep-grid").data)] == list(by_name)
+    # The comparison: the params that differ (train.lr only), success with intervals, in 120 columns.
+    text = compare(project)
+    lines = text.splitlines()
+    assert lines[0].split() == ["experiment", "state", "train.lr", "rl", "in-domain", "rl", "ood"]
+    assert all(len(line) <= 120 for line in lines)
+    by_name = {line.split()[0]: line.split(None, 3) for line in lines[1:]}
+    assert set(by_name) == {"master", "lr-0.2", "lr-0.3", "lr-m1"}
+    assert by_name["lr-0.3"][1:3] == ["success", "0.3"] and by_name["lr-0.3"][3] == "30.0 [20.0, 40.0]  15.0 [10.0, 20.0]"
+    assert by_name["lr-m1"][1:3] == ["failed", "-1"] and by_name["lr-m1"][3] == "–                  –"
+    capsys.readouterr()
+    assert main(["compare", "--project", str(project), "lr-0.3", "lr-m1", "--width", "60"]) == 0
+    narrow = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in narrow[1:]] == ["lr-0.3", "lr-m1"] and all(len(line) <= 60 for line in narrow)
+
+    # Run again on the same commit: the experiment of the same name is replaced, not refused.
+    again = sweep(overrides=["train.lr=0.3"], project_dir=str(project), name="again")
+    assert [(r["experiment"], r["state"]) for r in again] == [("lr-0.3", "success")]
+
+
+SLEEP_YAML = """\
+stages:
+  train:
+    cmd: python -c "import time; time.sleep(900)"
+    params: [train.lr]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
+    """Prefect's task timeout ends the wait; nothing of the sweep stays running or queued."""
+    import psutil
+
+    from flows.sweep import sweep
+
+    project = make_project(tmp_path / "p", SLEEP_YAML, {})
+    state = sweep(overrides=["train.lr=0.1,0.2"], project_dir=str(project), timeout_s=45, return_state=True)
+    assert state.is_failed() and "the queue did not finish" in state.message and "timeout" in state.message
+    with (project / "data/sweeps/sweep/results.csv").open() as f:
+        assert [r["state"] != "success" for r in csv.DictReader(f)] == [True, True]
+    status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, capture_output=True, text=True)
+    assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
+    sleepers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(900)" in " ".join(p.info["cmdline"] or [])]
+    assert psutil.wait_procs(sleepers, timeout=30)[1] == []

@@ -156,3 +156,34 @@ def test_environment_tokens_get_zero_gradient():
     off = ~mask
     assert torch.equal(logits.grad[off], torch.zeros_like(logits.grad[off]))
     assert logits.grad[mask].abs().sum() > 0
+
+
+def test_seq_mean_weighs_episodes_not_turn_sequences():
+    # Episode A: 1 turn (one sequence, 2 action tokens, loss 1 each).
+    # Episode B: 4 turns, one sequence per turn (history window), 1 action token each, loss 3.
+    loss = torch.tensor([[1.0, 1.0], [3.0, 0.0], [3.0, 0.0], [3.0, 0.0], [3.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 0], [1, 0], [1, 0]])
+    # share u = 1 / (action tokens of the episode): A's tokens 1/2, B's tokens 1/4
+    share = torch.tensor([[0.5, 0.5], [0.25, 0.0], [0.25, 0.0], [0.25, 0.0], [0.25, 0.0]])
+    # seq-mean-token-mean over episodes: (mean_A 1 + mean_B 3) / 2 = 2   (per sequence: (1+3*4)/5 = 2.6)
+    assert aggregate(loss, mask, "seq-mean-token-mean", share).item() == approx(2.0)
+    # seq-mean-token-sum: (sum_A 2 + sum_B 12) / 2 episodes = 7   (per sequence: 14 / 5 = 2.8)
+    assert aggregate(loss, mask, "seq-mean-token-sum", share).item() == approx(7.0)
+    # token-mean ignores episodes: 14 / 6
+    assert aggregate(loss, mask, "token-mean", share).item() == approx(14 / 6)
+    # a minibatch with only two of B's turn sequences: half an episode, mean 3
+    assert aggregate(loss[1:3], mask[1:3], "seq-mean-token-mean", share[1:3]).item() == approx(3.0)
+    assert aggregate(loss[1:3], mask[1:3], "seq-mean-token-sum", share[1:3]).item() == approx(12.0)
+
+
+def test_policy_loss_clamps_the_log_ratio_so_gradients_stay_finite():
+    # log-ratio 100 would overflow exp in float32 (inf); with A > 0 the clipped branch wins and
+    # its zero gradient times d rho / d log rho = inf gave nan. Clamped at 20: finite loss, zero grad.
+    new = torch.tensor([[100.0, 0.1]], requires_grad=True)
+    old, adv, mask = torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2)
+    loss, stats = policy_loss(new, old, adv, mask, clip_eps=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all()
+    # token 0 clipped (-1.2), token 1 inside (rho = e^0.1): (-1.2 - e^0.1) / 2
+    assert loss.item() == approx((-1.2 - math.exp(0.1)) / 2)
+    assert new.grad[0].tolist() == approx([0.0, -math.exp(0.1) / 2])

@@ -96,3 +96,37 @@ def _tiny(vocab: int, pad: int, eos: int):
     return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
                                         tie_word_embeddings=True, pad_token_id=pad, eos_token_id=eos, bos_token_id=None))
+
+
+RL_DRIVER = ROOT / "tests" / "mp_rl_driver.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage):
+    """Ranks with different sequence counts, one of them without any batch in step 2: no rank
+    waits forever on a collective (the run ends within the timeout) and both end identical."""
+    from agentrecipe.agent.prompt import user_text
+    from agentrecipe.config import ModelConfig
+    from agentrecipe.models.registry import build_tiny
+    from agentrecipe.models.tokenizer import train_tokenizer
+    from tests import walk_env
+
+    env = walk_env.make_env({})
+    texts = list(walk_env.COMMANDS)
+    for g in walk_env.build_games("walk", "train", list(range(8)), "", {}):
+        o = env.reset(g)
+        texts += [user_text(o, True, True), user_text(o, True, False)]
+    tokenizer = train_tokenizer(texts * 3, 300)
+    model = build_tiny(ModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0), tokenizer)
+    policy = tmp_path / "policy"
+    model.save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    res = torchrun([str(RL_DRIVER), "--policy", str(policy), "--out", str(tmp_path), "--zero-stage", str(zero_stage)],
+                   ROOT, timeout=420)
+    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert r1["failed"] == [0.0, 2.0, 0.0] and r0["failed"] == [0.0, 0.0, 0.0], res.stdout
+    init = model.state_dict()
+    for k in r0["actor"]:
+        assert torch.equal(r0["actor"][k], r1["actor"][k]), f"rank weights differ at {k}"
+    assert any(not torch.equal(r0["actor"][k], init[k]) for k in init), "the policy did not move"

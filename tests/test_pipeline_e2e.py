@@ -51,12 +51,19 @@ def test_dvc_repro_runs_every_stage_on_the_micro_config(project, subprocess_env)
     metrics = json.loads((project / "data/eval/metrics.json").read_text())
     params = yaml.safe_load((project / "params.yaml").read_text())
     levels = params["env"]["levels"] + params["env"]["ood_levels"]
+    # exactly the policy x level cells of params.yaml (plus the pooled groups), each with its games
+    assert sorted(metrics) == sorted(POLICIES)
     for policy in POLICIES:
+        assert sorted(metrics[policy]) == sorted(levels + ["in_domain", "ood"]), policy
         for level in levels:
             cell = metrics[policy][level]
-            assert 0.0 <= cell["success"] <= 1.0 and cell["n"] > 0, (policy, level)
+            assert cell["n"] == params["eval"]["episodes"] and cell["success_ci_low"] <= cell["success"], (policy, level)
     assert all(metrics["expert"][lvl]["success"] == 1.0 for lvl in levels)
-    assert (project / "data/report/report.md").read_text().count("|") > 10
+    report = (project / "data/report/report.md").read_text()
+    for policy in POLICIES:  # the report's results table has one row per level and policy
+        for level in levels:
+            assert f"| {level} | {policy} | " in report, (level, policy)
+    assert "## What ran" in report and "| rl |" in report  # provenance with the rl stage's wall time
 
     # Nothing changed: a second repro runs nothing.
     again = run(["dvc", "repro"], project, env)
@@ -68,3 +75,12 @@ def test_dvc_repro_runs_every_stage_on_the_micro_config(project, subprocess_env)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     status = run(["dvc", "status"], project, env)
     assert "rl:" in status and "build_envs:" not in status and "sft:" not in status
+
+    # A bad value stops the run at the validate stage, before DVC deletes any output.
+    params["rl"]["clip_eps"] = -1.0
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    bad = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "rl.clip_eps" in bad.stdout + bad.stderr
+    assert "make params" in bad.stdout + bad.stderr
+    assert "Running stage 'build_envs'" not in bad.stdout and "Running stage 'rl'" not in bad.stdout
+    assert (project / "data/envs/manifest.jsonl").exists() and (project / "data/models/rl/config.json").exists()

@@ -55,17 +55,49 @@ def test_pool_survives_hang_and_crash(fake_family):
         start = time.monotonic()
         res = pool.step(["hang", "a", None, "b"])
         assert time.monotonic() - start < 8
-        assert res[0].failed and "no answer within 1 s" in res[0].error
+        assert res[0].failed and "no answer within 1 s" in res[0].error and "fake/0" in res[0].error
         assert not res[1].failed and not res[3].failed
-        # Slot 2 shared the killed worker: its episode is reported lost once.
+        # Slot 2 shared the killed worker: its episode was replayed on the fresh one and goes on.
         res = pool.step([None, "c", "d", None])
-        assert res[2].failed and "restarted" in res[2].error and res[1].obs.text == "c 2 in game 1"
-        res = pool.step([None, "crash", None, None])
-        assert res[1].failed and "died" in res[1].error
-        assert pool.failures == 3
+        assert res[2].obs.text == "d 1 in game 2" and res[1].obs.text == "c 2 in game 1"
+        res = pool.step([None, "crash", None, "e"])
+        assert res[1].failed and "died" in res[1].error and "exit code 3" in res[1].error and "fake/1" in res[1].error
+        assert res[3].obs.text == "e 2 in game 3"  # same worker as the crash, replayed, stepped
+        assert pool.failures == 2
         obs = pool.reset(GAMES)  # every slot plays again after the restarts
         assert all(o is not None for o in obs)
         assert [r.obs.text for r in pool.step(["x"] * 4)] == [f"x 1 in game {i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("n_workers", [1, 2])
+def test_a_game_that_kills_its_worker_fails_alone(fake_family, n_workers):
+    """Before: every slot of the dead worker failed with a bare "worker died" (9 of 9 with one
+    worker). Now only the corrupt game fails, and its error names the file, exit code and output."""
+    games = [GameSpec(path=f"fake/{i}", level="fake", env="fake", seed=i) for i in range(5)]
+    games[2] = GameSpec(path="fake/2-corrupt", level="fake", env="fake", seed=2)
+    with EnvPool(fake_family, {}, n_workers=n_workers, timeout=10) as pool:
+        obs = pool.reset(games)
+        assert [o is None for o in obs] == [False, False, True, False, False]
+        error = pool.last_errors[2]
+        assert "fake/2-corrupt" in error and "exit code 1" in error and "Story file read error" in error
+        res = pool.step(["a", "b", None, "win", "c"])
+        assert [r.obs.text for i, r in enumerate(res) if i != 2] == ["a 1 in game 0", "b 1 in game 1",
+                                                                       "win 1 in game 3", "c 1 in game 4"]
+        assert pool.failures == 1
+
+
+def test_a_worker_killed_from_outside_loses_no_episode(fake_family):
+    import os
+    import signal
+
+    with EnvPool(fake_family, {}, n_workers=2, timeout=10) as pool:
+        pool.reset(GAMES)
+        pool.step(["a"] * 4)
+        os.kill(pool._workers[0].proc.pid, signal.SIGKILL)
+        pool._workers[0].proc.join(5)
+        res = pool.step(["b"] * 4)
+        assert [r.obs.text for r in res] == [f"b 2 in game {i}" for i in range(4)]
+        assert pool.failures == 0 and pool.restarts == 1
 
 
 def test_pool_plays_textworld(tw_games):

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, read_tsv
 from agentrecipe.report.tables import render_report, results_table, success_table
 
@@ -93,6 +95,7 @@ def test_report_stage(tmp_path):
     assert f"No learning curves found under `{tmp_path / 'metrics' / 'rl'}`" in page
     assert "| rl | 45.0 [25.8, 65.8] |" in page
     assert sorted(p.name for p in out.glob("*.png")) == ["sft_curves.png", "success_by_level.png"]
+    assert "## What ran" in page and "git revision" in page and "rl.seed=" in page
 
 
 def test_show_results(tmp_path, capsys):
@@ -102,3 +105,48 @@ def test_show_results(tmp_path, capsys):
     assert main(["show-results", "--metrics", str(tmp_path / "metrics.json")]) == 0
     assert "| w4-o6-q8 | expert | 100.0 [80.0, 100.0] |" in capsys.readouterr().out
     assert main(["show-results", "--metrics", str(tmp_path / "absent.json")]) == 1
+
+
+def test_rl_curves_split_into_a_main_figure_and_diagnostics(tmp_path):
+    from agentrecipe.report.plots import smooth, split_rl_curves
+
+    names = ["losses/kl", "rollout/return", "perf/step_seconds", "rollout/success", "valid/success"]
+    main, diag = split_rl_curves({n: tmp_path / f"{i}.tsv" for i, n in enumerate(names)})
+    assert list(main) == ["rollout/success", "valid/success", "rollout/return"]
+    assert sorted(diag) == ["losses/kl", "perf/step_seconds"]
+    # debiased EMA, w = 0.5: s1 = 0.5*1/(1-0.5) = 1; s2 = (0.25 + 0.5*3)/(1-0.25) = 7/3
+    assert smooth([1.0, 3.0], 0.5) == pytest.approx([1.0, 7 / 3])
+    assert smooth([1.0, 3.0], 0.0) == [1.0, 3.0]
+
+
+def test_provenance_lists_changed_params_seeds_budget_games_and_stage_times():
+    from agentrecipe.report.provenance import params_diff, provenance_section
+
+    defaults = {"rl": {"algo": "grpo", "seed": 0, "turn_schedule": []}, "model": {"seed": 0}}
+    params = {"rl": {"algo": "ppo", "seed": 3, "turn_schedule": [6, 10]}, "model": {"seed": 0}}
+    diff = params_diff(params, defaults)
+    assert diff == {"rl.algo": ("grpo", "ppo"), "rl.seed": (0, 3), "rl.turn_schedule": ([], [6, 10])}
+    page = provenance_section("abc123", diff, params, {"demonstrations": 10, "RL episodes": 400},
+                              {"w2-o3-q4": {"train": 50, "test": 20}}, {"sft": 12.34, "rl": 100.0})
+    assert "`abc123`" in page and "| `rl.algo` | `grpo` | `ppo` |" in page
+    assert "rl.seed=3" in page and "model.seed=0" in page and "demonstrations 10, RL episodes 400" in page
+    assert "| w2-o3-q4 | 50 | 20 |" in page and "| sft | 12.3 |" in page
+
+
+def test_show_transcript_prints_an_episode_readably(tmp_path, capsys):
+    from agentrecipe.cli import main
+
+    rec = {"policy": "rl", "level": "w1", "game": "g.z8", "mode": "greedy", "won": True, "score": 1.0,
+           "transcript": [{"role": "user", "text": "You are in a kitchen.", "admissible": ["go east", "look"]},
+                          {"role": "assistant", "text": "go west", "invalid": True},
+                          {"role": "user", "text": "You can't go that way.", "admissible": ["go east"]},
+                          {"role": "assistant", "text": "go east", "invalid": False},
+                          {"role": "user", "text": "You win!", "admissible": []}]}
+    path = tmp_path / "transcripts.jsonl"
+    path.write_text(json.dumps({**rec, "policy": "sft", "won": False}) + "\n" + json.dumps(rec) + "\n")
+    assert main(["show-transcript", "--transcripts", str(path), "--policy", "rl"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rl on w1 (greedy): won, score 1.0")
+    assert "--- turn 0\n  You are in a kitchen.\n  admissible: go east, look\n! go west\n--- turn 1" in out
+    assert "> go east" in out
+    assert main(["show-transcript", "--transcripts", str(path), "--policy", "base"]) == 1

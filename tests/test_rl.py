@@ -54,6 +54,7 @@ def greedy_success(model, tokenizer, pool, agent: AgentConfig) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("algo,reward,history", [
     ("grpo", "sparse", 2), ("rloo", "sparse", -1), ("reinforce_pp", "sparse", 2), ("ppo", "sparse", -1),
+    ("gigpo", "sparse", 2),
 ])
 def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy_dir, cue_pool, tmp_path):
     from agentrecipe.models.registry import load_model
@@ -61,7 +62,8 @@ def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy
     agent = AgentConfig(history=history, max_context=512)
     rl = RLConfig(algo=algo, lr=3e-3, critic_lr=3e-3, group_size=1 if algo == "ppo" else 4,
                   games_per_step=16 if algo == "ppo" else 4, minibatch_size=16, update_epochs=2 if algo == "ppo" else 1,
-                  gamma=1.0, lam=0.95, checkpoint_every=1000, seed=0,
+                  gamma=0.95 if algo == "gigpo" else 1.0, discount="turn" if algo == "gigpo" else "token",
+                  lam=0.95, checkpoint_every=1000, seed=0, whiten_advantages=algo == "ppo",  # as params/rl/*.yaml
                   kl_coef=0.01 if algo == "reinforce_pp" else 0.0, kl_in_reward=algo == "reinforce_pp")
     run = RLRun(rl=rl, reward=RewardConfig(mode=reward), agent=agent, rollout=RolloutConfig(max_turns=3),
                 deepspeed=DeepSpeedConfig(), levels=["cue"], n_steps=25, checkpoint_dir=tmp_path / "ckpt",
@@ -69,9 +71,18 @@ def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy
     history_log = []
     actor, _, _ = rl_train(policy_dir, GAMES, run, cue_pool,
                            lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
-                           log=lambda step, stats: history_log.append(stats), progress=False)
+                           log=lambda step, stats: history_log.append(stats), progress=False,
+                           valid_games=GAMES if algo == "grpo" else None)
     success = [s["rollout/success"] for s in history_log]
     assert len(success) == 25
+    validated = [i + 1 for i, s in enumerate(history_log) if "valid/success" in s]
+    assert validated == ([5, 10, 15, 20, 25] if algo == "grpo" else [])  # rl.eval_every = 5 and the last step
+    if algo == "grpo":  # greedy on held-out games (here the train games): the last one equals greedy_success
+        assert history_log[-1]["valid/success"] == 1.0 and history_log[-1]["valid/failed_episodes"] == 0
+    if algo != "ppo":
+        assert all(0 <= s["rollout/zero_variance_groups"] <= 1 for s in history_log)
+    if algo == "gigpo":  # every group's rollouts start from the same sign: turn 0 always hits its anchor
+        assert all(s["gigpo/anchor_hit_rate"] > 0 and s["gigpo/step_group_size"] >= 2 for s in history_log)
     first, last = success[0], sum(success[-5:]) / 5  # step 1 rolls out the untrained policy
     assert first <= 0.5, f"{algo}: the untrained policy already wins {first:.2f}"
     assert last >= 0.75 and last >= first + 0.3, f"{algo}: sampled success {first:.2f} -> {last:.2f}"

@@ -1,6 +1,10 @@
-"""Killing the rl stage mid-run and rerunning it resumes from the last checkpoint and finishes."""
+"""The rl stage under `dvc repro`: a kill resumes exactly (weights and learning curves), a forced
+rerun never silently trains nothing, a code change never resumes another config's checkpoints,
+and pure RL (no demonstrations) runs through gen_sft_data and sft (issue 13, issue 14 item 1)."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,65 +14,88 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+STEPS = list(range(1, 6))  # micro with 20 RL episodes of 2 games x 2 rollouts: 5 steps, a checkpoint each
 
 
-def stage(name: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", f"stages.{name}", *args]
-
-
-def run(cmd: list[str], env: dict) -> str:
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+def run(cmd: list[str], cwd: Path, env: dict) -> str:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout + res.stderr
 
 
+def copy_project(dst: Path, env: dict) -> Path:
+    """A git + DVC copy of the project's files (tracked and untracked, not ignored)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for f in files:
+        if (ROOT / f).is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / f, dst / f)
+    run(["git", "init", "-q"], dst, env)
+    run(["git", "add", "-A"], dst, env)
+    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst, env)
+    return dst
+
+
+def logged_steps(project: Path) -> list[int]:
+    """The steps of the rollout/success curve, as written (duplicates and gaps would show)."""
+    tsv = project / "data/metrics/rl/plots/metrics/rollout/success.tsv"
+    return [int(line.split("\t")[0]) for line in tsv.read_text().splitlines()[1:]]
+
+
+def fingerprint_dirs(project: Path) -> list[Path]:
+    return sorted(p for p in (project / "data/rl/checkpoints").iterdir() if p.is_dir())
+
+
 @pytest.mark.slow
-def test_killed_rl_stage_resumes_from_its_last_checkpoint(tmp_path, subprocess_env):
+def test_rl_under_dvc_resumes_exactly_and_never_reuses_stale_checkpoints(tmp_path, subprocess_env):
     env = subprocess_env
-    params = tmp_path / "params.yaml"
-    # micro: 20 RL episodes of 2 games x 2 rollouts = 5 steps; a checkpoint after every step
+    project = copy_project(tmp_path / "project", env)
     run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro", "rl.checkpoint_every=1",
-         "budget.sft_fraction=0", "budget.total_units=20", "--output", str(params)], env)
-    d = tmp_path / "data"
-    run(stage("build_envs", "--params", str(params), "--out", str(d / "envs")), env)
-    run(stage("prepare_model", "--params", str(params), "--envs", str(d / "envs"), "--out", str(d / "base")), env)
-    rl = stage("rl", "--params", str(params), "--envs", str(d / "envs"), "--model", str(d / "base"),
-               "--out", str(d / "rl_model"), "--checkpoints", str(d / "ckpt"), "--metrics", str(d / "metrics"))
+         "budget.sft_fraction=0", "budget.total_units=20"], project, env)
 
-    log = tmp_path / "rl_killed.log"
+    # 1. kill -9 the whole `dvc repro` (stage and environment workers) after the second checkpoint
+    log = tmp_path / "killed.log"
     with open(log, "w") as f:
-        proc = subprocess.Popen(rl, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 600
-    while not (d / "ckpt" / "step_000002").exists():
-        assert proc.poll() is None, f"rl stage ended before its second checkpoint:\n{log.read_text()[-3000:]}"
-        assert time.time() < deadline, "no second checkpoint within 10 minutes"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the stage and its environment workers
-    proc.wait()
-    assert not (d / "rl_model").exists()
+        proc = subprocess.Popen(["dvc", "repro", "rl"], cwd=project, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while not list((project / "data/rl/checkpoints").glob("*/step_000002/checkpoint.json")):
+            assert proc.poll() is None, f"dvc repro ended before the second checkpoint:\n{log.read_text()[-3000:]}"
+            assert time.time() < deadline, "no second checkpoint within 15 minutes"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the stage and its environment workers
+        proc.wait()
+    text = log.read_text()
+    assert "no demonstrations" in text and "passed through" in text  # pure RL: 0 demos, base model through sft
 
-    out = run(rl, env)
+    # 2. the rerun resumes from its last checkpoint; the curve holds every step exactly once
+    out = run(["dvc", "repro", "rl"], project, env)
     resumed = [line for line in out.splitlines() if "resumed from" in line]
-    assert resumed and "step_00000" in resumed[0], out[-2000:]
-    assert int(resumed[0].split("after step ")[1].rstrip(")")) >= 2
-    assert (d / "rl_model" / "model.safetensors").exists()
-    assert (d / "ckpt" / "step_000005").exists()
-    steps = [int(line.split("\t")[0]) for line in
-             (d / "metrics" / "plots" / "metrics" / "rollout" / "success.tsv").read_text().splitlines()[1:]]
-    assert steps[-1] == 5 and sorted(set(steps)) == list(range(1, 6))
+    assert resumed, out[-3000:]
+    after = int(resumed[0].split("after step ")[1].rstrip(")"))
+    assert after >= 2
+    assert f"steps {after + 1}..5 of 5 ({(5 - after) * 4} episodes this run)" in out
+    assert logged_steps(project) == STEPS
+    model = (project / "data/models/rl/model.safetensors").read_bytes()
+    [first_config] = fingerprint_dirs(project)
 
-    # A different config never resumes from these checkpoints.
-    params.write_text(params.read_text().replace("lr: 0.0005", "lr: 0.001", 1))
-    out = run(rl, env)
-    assert "resumed from" not in out
+    # 3. `dvc repro -f rl`: same params, code and inputs; says so, trains nothing, keeps model and curves
+    out = run(["dvc", "repro", "-f", "-s", "rl"], project, env)  # -s: upstream stays cached (the drill runs the full -f)
+    assert "already trained all 5 steps" in out and "resumed from" not in out
+    assert logged_steps(project) == STEPS
+    assert json.loads((project / "data/metrics/rl/metrics.json").read_text())["step"] == 5
+    assert (project / "data/models/rl/model.safetensors").read_bytes() == model
 
-    # Pure SFT (the whole budget on demonstrations): no RL step, the model passes through and every
-    # declared output of the stage still exists.
-    run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro", "budget.sft_fraction=1",
-         "--output", str(params)], env)
-    out = run(stage("rl", "--params", str(params), "--envs", str(d / "envs"), "--model", str(d / "base"),
-                    "--out", str(d / "pure_sft"), "--checkpoints", str(d / "ckpt_pure_sft"),
-                    "--metrics", str(d / "metrics_pure_sft")), env)
-    assert "passed through" in out
-    for path in ("pure_sft/model.safetensors", "ckpt_pure_sft", "metrics_pure_sft"):
-        assert (d / path).exists(), path
+    # 4. a change to the RL code: a new config, trained from step 0; the old checkpoints are left alone
+    rewards = project / "agentrecipe/rewards.py"
+    rewards.write_text(rewards.read_text() + "\n# a change to the code of the rl stage\n")
+    out = run(["dvc", "repro", "rl"], project, env)
+    assert "resumed from" not in out and "already trained" not in out, out[-3000:]
+    assert "other config(s)" in out and first_config.name in out
+    assert "steps 1..5 of 5 (20 episodes this run)" in out
+    assert logged_steps(project) == STEPS
+    assert len(fingerprint_dirs(project)) == 2
+    assert sorted(p.name for p in first_config.glob("step_*")) == ["step_000004", "step_000005"]

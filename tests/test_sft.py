@@ -63,3 +63,21 @@ def test_sft_lowers_action_loss_and_replays_the_expert(tw_games):
     agree_after = expert_agreement(trained, enc, observations, actions)
     assert loss_after < 0.25 * loss_before, (loss_before, loss_after)
     assert agree_after >= 0.8 and agree_after > agree_before, (agree_before, agree_after)
+
+
+def test_packed_action_nll_equals_the_padded_reference():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrecipe.train.logprobs import token_logprobs
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    head = [3, 4, 5, 6]  # one demonstration's turn rows share its head (a history window)
+    rows = [{"input_ids": head + [7, 8], "action_mask": [0, 0, 0, 0, 1, 1]},
+            {"input_ids": head + [7, 8, 9, 10, 11], "action_mask": [0, 0, 0, 0, 0, 0, 0, 1, 1]},
+            {"input_ids": [12, 13, 14], "action_mask": [0, 1, 1]}]
+    batch = collate(rows, 0)
+    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
+    reference = -(logp * batch["action_mask"]).sum() / batch["action_mask"].sum()
+    assert action_nll(model, batch).item() == pytest.approx(reference.item(), abs=1e-6)

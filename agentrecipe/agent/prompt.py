@@ -160,13 +160,16 @@ def parse_reply(text: str, max_chars: int = 100) -> str | None:
 
 
 def training_sequences(
-    encoder: PromptEncoder, observations: list[Observation], actions: list[list[int]], cache: dict | None = None
+    encoder: PromptEncoder, observations: list[Observation], actions: list[list[int]], cache: dict | None = None,
+    context_turns: bool = False,
 ) -> list[tuple[list[int], list[int], list[int]]]:
     """The token sequences a finished episode trains on: (input_ids, action_mask, turn_ids).
 
     history = -1: one sequence holding every turn (mask 1 on every action).
     history = k:  one sequence per turn t, its prompt as the policy saw it and
                   mask 1 only on turn t's action (earlier actions are context).
+    turn_ids are -1 on context tokens, or with `context_turns` the turn of every action token
+    in the sequence (context actions included; the mask is unchanged).
     """
     if not actions:
         return []
@@ -176,6 +179,7 @@ def training_sequences(
         return [(ids + actions[-1], mask + [1] * len(actions[-1]), turns + [last] * len(actions[-1]))]
     out = []
     for t, action in enumerate(actions):
-        ids, _, _ = encoder.prompt(observations[: t + 1], actions[:t], cache)
-        out.append((ids + action, [0] * len(ids) + [1] * len(action), [-1] * len(ids) + [t] * len(action)))
+        ids, _, turns = encoder.prompt(observations[: t + 1], actions[:t], cache)
+        context = turns if context_turns else [-1] * len(ids)
+        out.append((ids + action, [0] * len(ids) + [1] * len(action), context + [t] * len(action)))
     return out

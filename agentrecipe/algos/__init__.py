@@ -6,18 +6,23 @@ to turn rewards into advantages; `policy_loss`, `value_loss`, `kl_penalty` and
 """
 
 from agentrecipe.algos.advantages import (
-    ADVANTAGE_FNS,
     add_kl_penalty,
+    at_turn_starts,
     broadcast_to_tokens,
     compute_advantages,
+    gigpo_advantages,
     grpo_advantages,
     masked_gae,
     masked_whiten,
     reinforce_pp_advantages,
+    returns_to_go,
     rloo_advantages,
+    step_ends,
+    step_group_stats,
     token_rewards,
     turn_level_returns,
     turn_sums,
+    zero_variance_fraction,
 )
 from agentrecipe.algos.losses import (
     LOSS_AGGS,
@@ -33,14 +38,15 @@ from agentrecipe.algos.losses import (
 )
 
 __all__ = [
-    "ADVANTAGE_FNS",
     "LOSS_AGGS",
     "add_kl_penalty",
     "aggregate",
+    "at_turn_starts",
     "broadcast_to_tokens",
     "compute_advantages",
     "entropy_from_logits",
     "explained_variance",
+    "gigpo_advantages",
     "grpo_advantages",
     "kl_penalty",
     "logprobs_from_logits",
@@ -50,9 +56,13 @@ __all__ = [
     "masked_whiten",
     "policy_loss",
     "reinforce_pp_advantages",
+    "returns_to_go",
     "rloo_advantages",
+    "step_ends",
+    "step_group_stats",
     "token_rewards",
     "turn_level_returns",
     "turn_sums",
     "value_loss",
+    "zero_variance_fraction",
 ]

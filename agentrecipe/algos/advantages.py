@@ -8,15 +8,28 @@ Batch conventions (produced by the rollout engine):
     group_ids    (B,)    long, episodes of the same game share an id
     values       (B, T)  critic values V(x_<=t) (PPO only)
     kl           (B, T)  per-token KL to the reference (only when kl_in_reward)
+    anchor_ids   (B, N)  long, id of the state each turn started from (GiGPO only)
+
+Discounting (`rl.discount`, one unit for every estimator):
+  * token: gamma (and PPO's lambda) apply once per ACTION token; the
+    recursions skip environment tokens.
+  * turn:  gamma and lambda apply once per turn; inside a turn they are 1.
+A turn's reward sits on its LAST action token. A per-turn return G_n (turn-
+level baselines, GiGPO's step returns) is the token return-to-go at the FIRST
+action token of turn n, so under `turn` it is G_n = sum_{k >= n} gamma^{k-n} r_k.
+With gamma = 1 (the default) the unit changes nothing but PPO's lambda.
 
 Credit at two granularities:
-  * token level (PPO, REINFORCE++): a turn's reward sits on its LAST action
-    token; the recursions run over action tokens only, skipping environment
-    tokens, so gamma and lambda are applied once per action token.
-  * episode / turn level (GRPO, RLOO, and REINFORCE++ with
-    rl.turn_level_returns): returns are computed per turn,
-    G_n = sum_{k >= n} gamma^{k - n} r_k, with gamma applied once per turn,
-    and the advantage of a turn is broadcast to all of its action tokens.
+  * token level (PPO, REINFORCE++): per-token advantages.
+  * episode / turn level (GRPO, RLOO, GiGPO, and REINFORCE++ with
+    rl.turn_level_returns): one advantage per episode or per turn, broadcast
+    to all of its action tokens.
+
+KL in the reward (rl.kl_in_reward): PPO's critic learns the KL-shaped return.
+The critic-free estimators normalise the TASK return first and subtract
+beta times the KL return-to-go afterwards, so beta keeps setting the KL
+term's scale (whitening KL noise on a batch without task signal would
+otherwise turn it into unit-size advantages).
 
 Group baselines must see whole groups: call `compute_advantages` on the full
 step batch (every rollout of every game), never on a minibatch.
@@ -25,6 +38,7 @@ step batch (every rollout of every game), never on a minibatch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -32,8 +46,22 @@ from torch import Tensor
 from agentrecipe.algos.losses import masked_mean, masked_var
 from agentrecipe.config import RLConfig
 
+Discount = Literal["token", "turn"]
+
 
 # --------------------------------------------------------- rewards on tokens
+def _turn_positions(action_mask: Tensor, turn_ids: Tensor, n_turns: int, reduce: str) -> Tensor:
+    """(B, N) position of the first (reduce='amin') or last ('amax') action token of each turn, -1 if none."""
+    B, T = action_mask.shape
+    turn_ids = turn_ids.long()
+    valid = action_mask.bool() & (turn_ids >= 0)  # (B, T)
+    pos = torch.arange(T, device=action_mask.device).expand(B, T)
+    fill = T if reduce == "amin" else -1
+    out = torch.full((B, n_turns), fill, dtype=torch.long, device=action_mask.device)
+    out.scatter_reduce_(1, turn_ids.clamp(min=0), torch.where(valid, pos, fill), reduce=reduce)
+    return torch.where(out == T, -1, out)
+
+
 def token_rewards(turn_rewards: Tensor, turn_mask: Tensor, action_mask: Tensor, turn_ids: Tensor) -> Tensor:
     """Place each turn's reward on the last action token of that turn: (B, N) -> (B, T).
 
@@ -43,11 +71,7 @@ def token_rewards(turn_rewards: Tensor, turn_mask: Tensor, action_mask: Tensor, 
     token is an error (its reward would be lost).
     """
     B, T = action_mask.shape
-    turn_ids = turn_ids.long()
-    valid = action_mask.bool() & (turn_ids >= 0)  # (B, T)
-    pos = torch.arange(T, device=action_mask.device).expand(B, T)
-    last = torch.full(turn_rewards.shape, -1, dtype=torch.long, device=action_mask.device)  # (B, N)
-    last.scatter_reduce_(1, turn_ids.clamp(min=0), torch.where(valid, pos, -1), reduce="amax")
+    last = _turn_positions(action_mask, turn_ids, turn_rewards.shape[1], "amax")  # (B, N)
     real = turn_mask.bool()
     if bool((real & (last < 0)).any()):
         b, n = torch.nonzero(real & (last < 0))[0].tolist()
@@ -55,6 +79,22 @@ def token_rewards(turn_rewards: Tensor, turn_mask: Tensor, action_mask: Tensor, 
     placed = torch.where(real, turn_rewards, torch.zeros_like(turn_rewards))
     out = torch.zeros((B, T), dtype=turn_rewards.dtype, device=turn_rewards.device)
     return out.scatter_add_(1, last.clamp(min=0), placed)  # placed is 0 where last was clamped
+
+
+def step_ends(action_mask: Tensor, turn_ids: Tensor, discount: Discount) -> Tensor:
+    """(B, T) bool: the action tokens after which one discount step passes.
+
+        token: every action token            turn: the last action token of each turn
+    """
+    mask = action_mask.bool()
+    if discount == "token":
+        return mask
+    if discount != "turn":
+        raise ValueError(f"rl.discount must be 'token' or 'turn', got {discount!r}")
+    n_turns = int(turn_ids.max().item()) + 1 if turn_ids.numel() else 0
+    last = _turn_positions(action_mask, turn_ids, max(n_turns, 1), "amax")  # (B, N)
+    pos = torch.arange(mask.shape[1], device=mask.device).expand(mask.shape)
+    return mask & (turn_ids >= 0) & (pos == last.gather(1, turn_ids.long().clamp(min=0)))
 
 
 def add_kl_penalty(token_rewards: Tensor, kl: Tensor, action_mask: Tensor, kl_coef: float) -> Tensor:
@@ -86,41 +126,72 @@ def broadcast_to_tokens(per_turn: Tensor, turn_ids: Tensor, action_mask: Tensor)
     return torch.where(valid, gathered, torch.zeros_like(gathered))
 
 
+def at_turn_starts(per_token: Tensor, action_mask: Tensor, turn_ids: Tensor, n_turns: int) -> Tensor:
+    """A per-token quantity read at the first action token of each turn: (B, T) -> (B, N); 0 for turns without one."""
+    first = _turn_positions(action_mask, turn_ids, n_turns, "amin")
+    return torch.where(first >= 0, per_token.gather(1, first.clamp(min=0)), torch.zeros_like(first, dtype=per_token.dtype))
+
+
 # ------------------------------------------------------------ token level
 @torch.no_grad()
 def masked_gae(
-    token_rewards: Tensor, values: Tensor, action_mask: Tensor, gamma: float, lam: float
+    token_rewards: Tensor,
+    values: Tensor,
+    action_mask: Tensor,
+    gamma: float,
+    lam: float,
+    step_end: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Generalised advantage estimation over action tokens only (Schulman et al. 2016).
 
     Let t' be the next ACTION token after t (prompt / observation tokens are
     skipped: the environment's tokens are not decisions and carry no value
-    target), with V_{t'} = 0 after the last one (episode end is terminal):
+    target), and g_t = gamma, l_t = lam where `step_end` is set at t (default:
+    every action token, i.e. rl.discount = token), else g_t = l_t = 1:
 
-        delta_t = r_t + gamma V_{t'} - V_t
-        A_t     = delta_t + gamma lam A_{t'}
+        delta_t = r_t + g_t V_{t'} - V_t
+        A_t     = delta_t + g_t l_t A_{t'}
         R_t     = A_t + V_t                    (value target)
 
+    After the last action token V_{t'} = `bootstrap_values` (B,), default 0.
+    Pass 0 for an episode the game ended (terminal) and V(s_H), the critic's
+    value of the state after the last action, for one cut by a turn or
+    context limit the state does not show: a time limit must bootstrap
+    (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+
     So the last action token of turn n bootstraps from the value at the first
-    action token of turn n + 1. A and R are 0 off the action mask; rewards or
-    values there are ignored. Inputs are treated as constants (no gradient).
-    Returns (advantages, returns), both (B, T).
+    action token of turn n + 1. With step ends on turn ends only, every token
+    t of turn n gets A_t = r_n + gamma V_{n+1} + gamma lam A_{n+1} - V_t
+    (a turn-level lambda-return with a per-token baseline). A and R are 0
+    off the action mask; rewards or values there are ignored. Inputs are
+    treated as constants (no gradient). Returns (advantages, returns), both (B, T).
     """
     mask = action_mask.bool()
     values = values.to(token_rewards.dtype)
+    ends = mask if step_end is None else step_end.bool()
+    g = torch.where(ends, gamma, 1.0).to(token_rewards.dtype)  # (B, T)
+    gl = torch.where(ends, gamma * lam, 1.0).to(token_rewards.dtype)
     B, T = token_rewards.shape
     advantages = torch.zeros_like(token_rewards)
     next_value = torch.zeros(B, dtype=token_rewards.dtype, device=token_rewards.device)
+    if bootstrap_values is not None:
+        next_value = bootstrap_values.to(next_value).reshape(B).clone()
     lastgaelam = torch.zeros_like(next_value)
     for t in reversed(range(T)):
         m = mask[:, t]
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        gae = delta + gamma * lam * lastgaelam
+        delta = token_rewards[:, t] + g[:, t] * next_value - values[:, t]
+        gae = delta + gl[:, t] * lastgaelam
         advantages[:, t] = torch.where(m, gae, 0.0)
         lastgaelam = torch.where(m, gae, lastgaelam)  # non-action tokens carry the state through
         next_value = torch.where(m, values[:, t], next_value)
     returns = torch.where(mask, advantages + values, 0.0)
     return advantages, returns
+
+
+def returns_to_go(token_rewards: Tensor, action_mask: Tensor, gamma: float, step_end: Tensor | None = None) -> Tensor:
+    """G_t = r_t + g_t G_{t'} over action tokens (masked_gae with V = 0, lam = 1): (B, T), 0 off the mask."""
+    return masked_gae(token_rewards, torch.zeros_like(token_rewards), action_mask, gamma, 1.0, step_end)[0]
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
@@ -131,18 +202,18 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 @torch.no_grad()
-def reinforce_pp_advantages(token_rewards: Tensor, action_mask: Tensor, gamma: float, eps: float = 1e-6) -> Tensor:
+def reinforce_pp_advantages(token_rewards: Tensor, action_mask: Tensor, gamma: float, eps: float = 1e-6,
+                            step_end: Tensor | None = None) -> Tensor:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): returns-to-go, whitened over the batch.
 
-        G_t = r_t + gamma G_{t'}     (t' = next action token; = masked_gae with V = 0, lam = 1)
+        G_t = r_t + g_t G_{t'}     (t' = next action token; see `returns_to_go`)
         A_t = (G_t - mean(G)) / (std(G) + eps)
 
     mean and std run over every action token of the whole batch (global
-    normalisation, not per group). `token_rewards` should already include the
-    KL penalty (`add_kl_penalty`), as in the paper.
+    normalisation, not per group). `compute_advantages` passes the TASK
+    rewards here and subtracts the KL term after whitening (see the module doc).
     """
-    returns_to_go, _ = masked_gae(token_rewards, torch.zeros_like(token_rewards), action_mask, gamma, 1.0)
-    return masked_whiten(returns_to_go, action_mask, eps)
+    return masked_whiten(returns_to_go(token_rewards, action_mask, gamma, step_end), action_mask, eps)
 
 
 # ------------------------------------------------------- episode / turn level
@@ -150,6 +221,10 @@ def turn_level_returns(turn_rewards: Tensor, turn_mask: Tensor, gamma: float) ->
     """Per-turn returns-to-go: (B, N) -> (B, N), 0 on padded turns.
 
         G_n = r_n + gamma G_{n+1},   G_N = 0       (gamma once per turn)
+
+    The trainer computes the same numbers as the token return-to-go at each
+    turn's first action token with rl.discount = turn (`returns_to_go` with
+    `step_ends(..., "turn")`, then `at_turn_starts`); this form is the formula.
     """
     real = turn_mask.bool()
     rewards = torch.where(real, turn_rewards, torch.zeros_like(turn_rewards))
@@ -161,19 +236,38 @@ def turn_level_returns(turn_rewards: Tensor, turn_mask: Tensor, gamma: float) ->
     return torch.where(real, returns, torch.zeros_like(returns))
 
 
-def _group_cells(returns: Tensor, group_ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Flatten (B,) or (B, N) returns into cells: one cell per (group, column). -> x, cell, m, n_cells."""
-    x = returns if returns.dim() == 2 else returns.unsqueeze(1)  # (B, N)
-    m = torch.ones_like(x, dtype=torch.bool) if mask is None else mask.bool().reshape(x.shape)
+def _cells(group_ids: Tensor, shape: torch.Size, sub_ids: Tensor | None = None) -> tuple[Tensor, int]:
+    """(numel,) cell index of every entry of a (B,) or (B, N) tensor, and the cell count.
+
+    Cell = (group, column) without `sub_ids`; (group, sub_ids entry) with it (GiGPO's step groups)."""
     _, group = torch.unique(group_ids, return_inverse=True)  # (B,) in 0 .. G-1
-    n_cols = x.shape[1]
-    cell = group.unsqueeze(1) * n_cols + torch.arange(n_cols, device=x.device)  # (B, N)
-    n_cells = int(group.max().item() + 1) * n_cols if group.numel() else 0
-    return x.reshape(-1), cell.reshape(-1), m.reshape(-1), n_cells
+    if len(shape) == 1:
+        return group, int(group.max().item() + 1) if group.numel() else 0
+    B, N = shape
+    second = torch.arange(N, device=group.device).expand(B, N) if sub_ids is None else sub_ids.long()
+    pairs = torch.stack([group.unsqueeze(1).expand(B, N), second], dim=-1).reshape(-1, 2)
+    _, cell = torch.unique(pairs, dim=0, return_inverse=True)
+    return cell, int(cell.max().item() + 1) if cell.numel() else 0
 
 
 def _cell_sum(values: Tensor, cell: Tensor, n_cells: int) -> Tensor:
     return torch.zeros(n_cells, dtype=values.dtype, device=values.device).index_add_(0, cell, values)
+
+
+def _cell_normalise(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, divide_by_std: bool, eps: float) -> Tensor:
+    """(x - mean_cell x) [/ (sample std_cell x + eps)] on masked entries (flat tensors); 0 elsewhere."""
+    w = m.to(x.dtype)
+    count = _cell_sum(w, cell, n_cells)
+    mean = _cell_sum(x * w, cell, n_cells) / count.clamp(min=1)
+    dev = torch.where(m, x - mean[cell], torch.zeros_like(x))
+    if not divide_by_std:
+        return dev
+    var = _cell_sum(dev**2, cell, n_cells) / (count - 1).clamp(min=1)
+    return dev / (var.sqrt()[cell] + eps)
+
+
+def _mask_of(returns: Tensor, mask: Tensor | None) -> Tensor:
+    return torch.ones_like(returns, dtype=torch.bool) if mask is None else mask.bool().reshape(returns.shape)
 
 
 @torch.no_grad()
@@ -191,13 +285,8 @@ def grpo_advantages(returns: Tensor, group_ids: Tensor, eps: float = 1e-6, mask:
     episode i is compared with turn n of its siblings, not with the episode
     sum. Output has the shape of `returns`, 0 where mask = 0.
     """
-    x, cell, m, n_cells = _group_cells(returns, group_ids, mask)
-    w = m.to(x.dtype)
-    count = _cell_sum(w, cell, n_cells)
-    mean = _cell_sum(x * w, cell, n_cells) / count.clamp(min=1)
-    dev = torch.where(m, x - mean[cell], torch.zeros_like(x))
-    var = _cell_sum(dev**2, cell, n_cells) / (count - 1).clamp(min=1)
-    adv = dev / (var.sqrt()[cell] + eps)
+    cell, n_cells = _cells(group_ids, returns.shape)
+    adv = _cell_normalise(returns.reshape(-1), cell, _mask_of(returns, mask).reshape(-1), n_cells, True, eps)
     return adv.reshape(returns.shape)
 
 
@@ -211,7 +300,8 @@ def rloo_advantages(returns: Tensor, group_ids: Tensor, mask: Tensor | None = No
     (B, N) returns with `mask` give a per-turn-index baseline, as in
     `grpo_advantages`. Output has the shape of `returns`, 0 where mask = 0.
     """
-    x, cell, m, n_cells = _group_cells(returns, group_ids, mask)
+    cell, n_cells = _cells(group_ids, returns.shape)
+    x, m = returns.reshape(-1), _mask_of(returns, mask).reshape(-1)
     w = m.to(x.dtype)
     count = _cell_sum(w, cell, n_cells)[cell]
     total = _cell_sum(x * w, cell, n_cells)[cell]
@@ -220,8 +310,78 @@ def rloo_advantages(returns: Tensor, group_ids: Tensor, mask: Tensor | None = No
     return adv.reshape(returns.shape)
 
 
-# ----------------------------------------------------------------- registry
-AdvantageOut = tuple[Tensor, Tensor | None]
+@torch.no_grad()
+def gigpo_advantages(
+    episode_returns: Tensor,
+    step_returns: Tensor,
+    turn_mask: Tensor,
+    group_ids: Tensor,
+    anchor_ids: Tensor,
+    episode_weight: float = 1.0,
+    step_weight: float = 1.0,
+    norm: Literal["std", "none"] = "none",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Group-in-Group Policy Optimization (Feng et al. 2025, arXiv:2505.10978): (B, N) per-turn advantages.
+
+    Episode level (the paper's eq. 3), over the episodes i of a group (same game):
+        A^E_i    = (R_i - mean_g R) / F_norm(g),       R_i = sum_n r^i_n
+    Step level (eq. 6-7): a step group S(g, s) holds every turn (i, n) of group g
+    whose anchor state s^i_n (`anchor_ids`, the state the turn started from) is s;
+    each turn's return G^i_n (`step_returns`, eq. 5: sum_{k >= n} gamma^{k-n} r^i_k)
+    is compared with the others of its step group:
+        A^S_{i,n} = (G^i_n - mean_S G) / F_norm(S)
+    Combined (eq. 8; the paper weighs the step term by omega = 1):
+        A_{i,n}  = w_E A^E_i + w_S A^S_{i,n}
+
+    F_norm is 1 (norm='none', verl-agent's default mode=mean_norm) or the sample
+    std + eps (norm='std', mode=mean_std_norm, as `grpo_advantages`). A group or
+    step group of one gets 0 for its term. Output is 0 on padded turns (turn_mask = 0).
+    """
+    if anchor_ids.shape != step_returns.shape:
+        raise ValueError(f"anchor_ids {tuple(anchor_ids.shape)} must match the per-turn returns {tuple(step_returns.shape)}")
+    std = {"std": True, "none": False}[norm]
+    m = turn_mask.bool()
+    cell, n = _cells(group_ids, episode_returns.shape)
+    episode_adv = _cell_normalise(episode_returns, cell, torch.ones_like(m[:, 0]), n, std, eps)  # (B,)
+    cell, n = _cells(group_ids, step_returns.shape, sub_ids=anchor_ids)
+    step_adv = _cell_normalise(step_returns.reshape(-1), cell, m.reshape(-1), n, std, eps).reshape(m.shape)
+    combined = episode_weight * episode_adv.unsqueeze(1) + step_weight * step_adv
+    return torch.where(m, combined, torch.zeros_like(combined))
+
+
+def step_group_stats(group_ids: Tensor, anchor_ids: Tensor, turn_mask: Tensor) -> dict[str, float]:
+    """GiGPO's step groups, for logging.
+
+        gigpo/anchor_hit_rate:  fraction of real turns whose step group holds another turn
+                                (their state was met again within the game's group)
+        gigpo/step_group_size:  mean number of turns per step group
+    """
+    m = turn_mask.bool().reshape(-1)
+    cell, n = _cells(group_ids, turn_mask.shape, sub_ids=anchor_ids)
+    size = _cell_sum(m.float(), cell, n)  # (cells,) 0 for cells of padded turns only
+    real_turns = float(m.sum())
+    return {
+        "gigpo/anchor_hit_rate": float((size[cell] > 1)[m].float().sum()) / max(real_turns, 1.0),
+        "gigpo/step_group_size": float(size[size > 0].mean()) if bool((size > 0).any()) else 0.0,
+    }
+
+
+def zero_variance_fraction(returns: Tensor, group_ids: Tensor, atol: float = 1e-6) -> float:
+    """Fraction of groups whose episode returns (B,) are all equal (max - min <= atol): no group signal.
+
+    A group of one counts as zero-variance (it has no baseline)."""
+    _, group = torch.unique(group_ids, return_inverse=True)
+    n = int(group.max().item()) + 1 if group.numel() else 0
+    if n == 0:
+        return 0.0
+    hi = torch.full((n,), -torch.inf, dtype=returns.dtype).scatter_reduce(0, group, returns, "amax")
+    lo = torch.full((n,), torch.inf, dtype=returns.dtype).scatter_reduce(0, group, returns, "amin")
+    return float(((hi - lo) <= atol).float().mean())
+
+
+# ------------------------------------------------------------- entry point
+BASELINES: dict[str, Callable[..., Tensor]] = {"grpo": grpo_advantages, "rloo": rloo_advantages}
 
 
 def _kl_for_reward(kl: Tensor | None, cfg: RLConfig) -> Tensor | None:
@@ -231,66 +391,6 @@ def _kl_for_reward(kl: Tensor | None, cfg: RLConfig) -> Tensor | None:
     if kl is None:
         raise ValueError("rl.kl_in_reward with rl.kl_coef > 0 needs the per-token kl tensor")
     return kl
-
-
-def _shaped_token_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg) -> Tensor:
-    """(B, T) token rewards, minus beta * kl_t on action tokens when the KL is in the reward."""
-    rewards = token_rewards(turn_rewards, turn_mask, action_mask, turn_ids)
-    kl_r = _kl_for_reward(kl, cfg)
-    return rewards if kl_r is None else add_kl_penalty(rewards, kl_r, action_mask, cfg.kl_coef)
-
-
-def _shaped_turn_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg) -> Tensor:
-    """(B, N) turn rewards, minus beta * sum_{t in turn n} kl_t when the KL is in the reward."""
-    kl_r = _kl_for_reward(kl, cfg)
-    if kl_r is None:
-        return turn_rewards
-    return turn_rewards - cfg.kl_coef * turn_sums(kl_r, turn_ids, action_mask, turn_rewards.shape[1])
-
-
-def _ppo(*, turn_rewards, turn_mask, action_mask, turn_ids, group_ids, values, kl, cfg) -> AdvantageOut:
-    if values is None:
-        raise ValueError("ppo needs critic values (B, T)")
-    if cfg.turn_level_returns:
-        raise ValueError(
-            "rl.turn_level_returns applies to grpo, rloo and reinforce_pp; ppo's critic assigns credit per token"
-        )
-    rewards = _shaped_token_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg)
-    return masked_gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
-
-
-def _group_baseline(adv_fn: Callable[..., Tensor]):
-    """Wrap grpo/rloo: trajectory return R = sum_n r_n, or per-turn G_n with rl.turn_level_returns."""
-
-    def fn(*, turn_rewards, turn_mask, action_mask, turn_ids, group_ids, values, kl, cfg) -> AdvantageOut:
-        rewards = _shaped_turn_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg)
-        if cfg.turn_level_returns:
-            per_turn = adv_fn(turn_level_returns(rewards, turn_mask, cfg.gamma), group_ids, mask=turn_mask)
-            return broadcast_to_tokens(per_turn, turn_ids, action_mask), None
-        episode_return = torch.where(turn_mask.bool(), rewards, torch.zeros_like(rewards)).sum(1)  # (B,)
-        adv = adv_fn(episode_return, group_ids)  # (B,)
-        mask = action_mask.bool()
-        return torch.where(mask, adv.unsqueeze(1).expand(mask.shape), 0.0).to(rewards.dtype), None
-
-    fn.__doc__ = adv_fn.__doc__
-    return fn
-
-
-def _reinforce_pp(*, turn_rewards, turn_mask, action_mask, turn_ids, group_ids, values, kl, cfg) -> AdvantageOut:
-    if cfg.turn_level_returns:
-        rewards = _shaped_turn_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg)
-        per_token = broadcast_to_tokens(turn_level_returns(rewards, turn_mask, cfg.gamma), turn_ids, action_mask)
-        return masked_whiten(per_token, action_mask), None
-    rewards = _shaped_token_rewards(turn_rewards, turn_mask, action_mask, turn_ids, kl, cfg)
-    return reinforce_pp_advantages(rewards, action_mask, cfg.gamma), None
-
-
-ADVANTAGE_FNS: dict[str, Callable[..., AdvantageOut]] = {
-    "ppo": _ppo,
-    "grpo": _group_baseline(grpo_advantages),
-    "rloo": _group_baseline(rloo_advantages),
-    "reinforce_pp": _reinforce_pp,
-}
 
 
 @torch.no_grad()
@@ -305,29 +405,62 @@ def compute_advantages(
     cfg: RLConfig,
     values: Tensor | None = None,
     kl: Tensor | None = None,
+    bootstrap_values: Tensor | None = None,
+    anchor_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The one entry point of the trainer: (advantages (B, T), returns (B, T) or None).
 
-        ppo:          masked GAE on token rewards (+ KL if kl_in_reward); returns = value targets
-        grpo, rloo:   group baseline on R = sum_n r_n (or on per-turn G_n with
-                      turn_level_returns), broadcast to the action tokens
-        reinforce_pp: token returns-to-go (or per-turn G_n), globally whitened
+        ppo:          masked GAE on token rewards (- beta kl_t if kl_in_reward), V after the
+                      last action = `bootstrap_values` (truncated episodes); whitened over the
+                      batch if rl.whiten_advantages; returns = value targets
+        reinforce_pp: token returns-to-go G_t (or per-turn G_n), whitened over the batch
+        grpo, rloo:   group baseline on R = sum_n r_n (or on per-turn G_n with turn_level_returns)
+        gigpo:        w_E A^E(R) + w_S A^S(G_n) over anchor-state step groups (`anchor_ids`)
 
-    With rl.kl_in_reward (and kl_coef > 0) the per-token `kl` is subtracted
-    from the reward (summed per turn for turn/episode-level methods);
+    Discounting follows rl.discount (see the module doc). With rl.kl_in_reward
+    (and kl_coef > 0) the critic-free estimators subtract beta * KL after
+    normalising the task return: the KL return-to-go per token (reinforce_pp),
+    per turn (turn-level, gigpo) or the episode's KL sum (grpo, rloo);
     otherwise the trainer adds kl_coef * KL to the loss. Advantages are 0 off
-    the action mask and carry no gradient. Call on the whole step batch so
-    every group is complete.
+    the action mask and carry no gradient. Call on the whole step batch.
     """
-    if algo not in ADVANTAGE_FNS:
-        raise ValueError(f"unknown rl.algo {algo!r}; known: {', '.join(ADVANTAGE_FNS)}")
-    return ADVANTAGE_FNS[algo](
-        turn_rewards=turn_rewards.float(),
-        turn_mask=turn_mask,
-        action_mask=action_mask,
-        turn_ids=turn_ids,
-        group_ids=group_ids,
-        values=values,
-        kl=kl,
-        cfg=cfg,
-    )
+    if algo == "ppo" and values is None:
+        raise ValueError("ppo needs critic values (B, T)")
+    mask, n_turns = action_mask.bool(), turn_rewards.shape[1]
+    ends = step_ends(action_mask, turn_ids, cfg.discount)
+    rewards = token_rewards(turn_rewards.float(), turn_mask, action_mask, turn_ids)  # (B, T) task reward
+    kl_r = _kl_for_reward(kl, cfg)
+    kl_r = None if kl_r is None else torch.where(mask, kl_r.to(rewards.dtype), torch.zeros_like(rewards))
+    if algo == "ppo":
+        shaped = rewards if kl_r is None else rewards - cfg.kl_coef * kl_r
+        adv, ret = masked_gae(shaped, values, action_mask, cfg.gamma, cfg.lam, ends, bootstrap_values)
+        return (masked_whiten(adv, mask) if cfg.whiten_advantages else adv), ret
+    if algo not in ("reinforce_pp", "gigpo", *BASELINES):
+        raise ValueError(f"unknown rl.algo {algo!r}; known: ppo, reinforce_pp, gigpo, {', '.join(BASELINES)}")
+    # critic-free: per-turn estimators use G_n, the return-to-go at each turn's first action token
+    per_turn = cfg.turn_level_returns or algo == "gigpo"
+    G = returns_to_go(rewards, action_mask, cfg.gamma, ends)  # (B, T)
+    G_turn = at_turn_starts(G, action_mask, turn_ids, n_turns)  # (B, N)
+    episode_return = torch.where(turn_mask.bool(), turn_rewards.float(), 0.0).sum(1)  # (B,) R = sum_n r_n
+    if algo == "reinforce_pp":
+        adv = masked_whiten(broadcast_to_tokens(G_turn, turn_ids, action_mask) if per_turn else G, mask)
+    elif algo == "gigpo":
+        if anchor_ids is None:
+            raise ValueError("gigpo needs anchor_ids (B, N): the state each turn started from")
+        per_turn_adv = gigpo_advantages(episode_return, G_turn, turn_mask, group_ids, anchor_ids,
+                                        cfg.gigpo_episode_weight, cfg.gigpo_step_weight, cfg.gigpo_norm)
+        adv = broadcast_to_tokens(per_turn_adv, turn_ids, action_mask)
+    elif per_turn:
+        adv = broadcast_to_tokens(BASELINES[algo](G_turn, group_ids, mask=turn_mask), turn_ids, action_mask)
+    else:
+        adv = BASELINES[algo](episode_return, group_ids).unsqueeze(1).expand(mask.shape)
+    if kl_r is not None:  # after the normalisation: beta sets the KL term's scale
+        kl_to_go = returns_to_go(kl_r, action_mask, cfg.gamma, ends)  # (B, T)
+        if per_turn:
+            kl_term = broadcast_to_tokens(at_turn_starts(kl_to_go, action_mask, turn_ids, n_turns), turn_ids, action_mask)
+        elif algo == "reinforce_pp":
+            kl_term = kl_to_go
+        else:
+            kl_term = kl_r.sum(1, keepdim=True).expand(mask.shape)  # the episode's KL, beside R
+        adv = adv - cfg.kl_coef * kl_term
+    return torch.where(mask, adv, torch.zeros_like(adv)), None

@@ -44,30 +44,37 @@ def masked_var(x: Tensor, mask: Tensor) -> Tensor:
     return masked_mean((x - mean) ** 2, mask)
 
 
-def aggregate(loss_mat: Tensor, mask: Tensor, loss_agg: LossAgg = "token-mean") -> Tensor:
+def aggregate(loss_mat: Tensor, mask: Tensor, loss_agg: LossAgg = "token-mean", share: Tensor | None = None) -> Tensor:
     """Reduce a per-token loss (B, T) to a scalar over masked tokens.
 
-        token-mean:          sum_{b,t} m l / sum_{b,t} m
-        seq-mean-token-mean: mean_b [ sum_t m l / sum_t m ]
-        seq-mean-token-sum:  mean_b [ sum_t m l ]
+        token-mean:          sum_{b,t} m l   / sum_{b,t} m
+        seq-mean-token-mean: sum_{b,t} m u l / sum_{b,t} m u
+        seq-mean-token-sum:  sum_{b,t} m l   / sum_{b,t} m u
 
-    The seq-mean modes average over sequences with at least one masked-in
-    token. token-mean weighs every token alike (long episodes weigh more, as
-    in DAPO, Yu et al. 2025); seq-mean-token-mean weighs every episode alike
-    (the original GRPO, Shao et al. 2024); seq-mean-token-sum drops the length
-    normalisation (Dr. GRPO, Liu et al. 2025, up to a constant).
+    u is each token's share of its EPISODE: 1 / (action tokens of that episode), so an episode's
+    tokens together weigh 1 and sum m u counts the episodes (a fraction of one when a minibatch
+    holds only some of an episode's turn sequences). Without `share` (B, T) every row is taken as
+    one whole episode (u = 1 / its masked tokens): seq-mean-token-mean is then mean_b of the row
+    means, seq-mean-token-sum mean_b of the row sums, over rows with a masked-in token.
+
+    token-mean weighs every token alike (long episodes weigh more, as in DAPO, Yu et al. 2025);
+    seq-mean-token-mean weighs every episode alike (the original GRPO, Shao et al. 2024), also
+    when a history window splits an episode into one sequence per turn; seq-mean-token-sum drops
+    the length normalisation (Dr. GRPO, Liu et al. 2025, up to a constant).
     """
     mask = mask.bool()
     if loss_agg == "token-mean":
         return masked_mean(loss_mat, mask)
-    seq_has_tokens = mask.any(dim=-1)  # (B,)
-    if loss_agg == "seq-mean-token-mean":
-        seq_loss = masked_mean(loss_mat, mask, dim=-1)  # (B,)
-    elif loss_agg == "seq-mean-token-sum":
-        seq_loss = torch.where(mask, loss_mat, torch.zeros_like(loss_mat)).sum(-1)  # (B,)
-    else:
+    if loss_agg not in LOSS_AGGS:
         raise ValueError(f"unknown loss_agg {loss_agg!r}; use one of {LOSS_AGGS}")
-    return masked_mean(seq_loss, seq_has_tokens)
+    if share is None:
+        share = (1.0 / mask.sum(-1, keepdim=True).clamp(min=1)).expand(mask.shape)
+    zeros = torch.zeros_like(loss_mat)
+    u = torch.where(mask, share.to(loss_mat.dtype), zeros)
+    episodes = u.sum().clamp(min=1e-12) if bool(mask.any()) else torch.ones((), dtype=loss_mat.dtype)
+    if loss_agg == "seq-mean-token-mean":
+        return torch.where(mask, u * loss_mat, zeros).sum() / episodes
+    return torch.where(mask, loss_mat, zeros).sum() / episodes
 
 
 # -------------------------------------------------------------- token helpers
@@ -118,13 +125,16 @@ def policy_loss(
     action_mask: Tensor,
     clip_eps: float,
     loss_agg: LossAgg = "token-mean",
+    share: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017), per token, aggregated.
 
-        rho_t  = exp(log pi_new(x_t) - log pi_old(x_t))
+        rho_t  = exp(clamp(log pi_new(x_t) - log pi_old(x_t), -20, 20))
         l_t    = max(-A_t rho_t, -A_t clip(rho_t, 1 - eps, 1 + eps))
-        loss   = aggregate(l, mask, loss_agg)
+        loss   = aggregate(l, mask, loss_agg, share)
 
+    The log-ratio is clamped to [-20, 20] before exp (as veRL does): a large log-prob change
+    would overflow exp to inf, and inf times the clip branch's zero gradient is nan.
     Used unchanged by PPO, GRPO, RLOO and REINFORCE++; only A differs.
 
     Returns (loss, stats) with detached scalars:
@@ -135,13 +145,13 @@ def policy_loss(
     """
     mask = action_mask.bool()
     zeros = torch.zeros_like(new_logprobs)
-    log_ratio = torch.where(mask, new_logprobs - old_logprobs, zeros)  # 0 off-mask: no overflow there
+    log_ratio = torch.where(mask, new_logprobs - old_logprobs, zeros).clamp(-20.0, 20.0)  # 0 off-mask
     ratio = torch.exp(log_ratio)
     adv = torch.where(mask, advantages, zeros)
     pg_losses = -adv * ratio
     pg_losses_clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     pg_loss_mat = torch.maximum(pg_losses, pg_losses_clipped)  # (B, T)
-    pg_loss = aggregate(pg_loss_mat, mask, loss_agg)
+    pg_loss = aggregate(pg_loss_mat, mask, loss_agg, share)
     with torch.no_grad():
         clipped = pg_losses_clipped > pg_losses
         stats = {
@@ -158,12 +168,13 @@ def value_loss(
     action_mask: Tensor,
     value_clip: float,
     loss_agg: LossAgg = "token-mean",
+    share: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss of PPO (as in openai/baselines and CleanRL).
 
         V^clip_t = V_old,t + clip(V_t - V_old,t, -c, c)
         l_t      = 1/2 max((V_t - R_t)^2, (V^clip_t - R_t)^2)
-        loss     = aggregate(l, mask, loss_agg)
+        loss     = aggregate(l, mask, loss_agg, share)
 
     value_clip c <= 0 turns clipping off: l_t = 1/2 (V_t - R_t)^2.
     Returns (loss, {"vf_clipfrac": share of tokens where the clipped term wins}).
@@ -183,7 +194,7 @@ def value_loss(
     else:
         v_loss_mat = 0.5 * v_loss_unclipped
         clipped = torch.zeros_like(mask)
-    v_loss = aggregate(v_loss_mat, mask, loss_agg)
+    v_loss = aggregate(v_loss_mat, mask, loss_agg, share)
     with torch.no_grad():
         stats = {"vf_clipfrac": masked_mean(clipped.float(), mask)}
     return v_loss, stats

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from tqdm import tqdm
@@ -70,12 +72,27 @@ def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
 
 
 def _batches(workers: int, jobs: list[Job]):
-    """Built batches as they finish; one worker builds in this process."""
+    """Built batches as they finish; one worker builds in this process.
+
+    A worker that dies (a game that kills its interpreter) fails the build with an error naming
+    the batch it was building; multiprocessing.Pool would wait for that batch forever."""
     if workers == 1 or len(jobs) <= 1:
         yield from map(build_batch, jobs)
         return
-    with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:  # terminated on error
-        yield from pool.imap_unordered(build_batch, jobs)
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(build_batch, job): job for job in jobs}
+        try:
+            for future in as_completed(futures):
+                try:
+                    yield future.result()
+                except BrokenProcessPool:
+                    unfinished = [f"{job[1]} {job[2]} seeds {job[3][0]}..{job[3][-1]} ({job[4]})"
+                                  for f, job in futures.items() if f.done() and f.exception() is not None]
+                    raise RuntimeError("a build worker died (a game that crashes its interpreter? its output is "
+                                       f"above); unfinished batches: {'; '.join(unfinished)}") from None
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = True) -> list[GameSpec]:

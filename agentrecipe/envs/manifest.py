@@ -47,7 +47,7 @@ def read_manifest(path: str | Path, split: str | None = None, levels: list[str] 
             raise ValueError(f"{path}:{n}: corrupt manifest row: {e}") from None
         row.pop("plan_len", None)
         row["path"] = str(path.parent / row["path"])
-        row["expert_plan"] = tuple(row.get("expert_plan", ()))
+        row["expert_plan"] = tuple(row.get("expert_plan") or ())  # null: no known plan
         game = GameSpec(**row)
         if (split is None or game.split == split) and (levels is None or game.level in levels):
             games.append(game)

@@ -16,6 +16,10 @@ from types import ModuleType
 FAMILIES: dict[str, str] = {
     "textworld": "agentrecipe.envs.textworld_env",
     "alfworld": "agentrecipe.envs.alfworld",
+    "babyai": "agentrecipe.envs.babyai",
+    "sciworld": "agentrecipe.envs.sciworld",
+    "textcraft": "agentrecipe.envs.textcraft",
+    "swe": "agentrecipe.envs.swe",
 }
 
 

@@ -14,6 +14,7 @@ date-dependent bytes of a compiled game, the Z-machine serial number, are fixed.
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -62,6 +63,12 @@ def check_level(name: str) -> None:
     parse_level(name)
 
 
+def intermediate_reward(name: str) -> bool:
+    """Whether the score of a level's games can move before the win (else dense reward equals sparse)."""
+    kind, settings = parse_level(name)
+    return kind == "tw-cooking" or (kind == "tw-simple" and settings["rewards"] != "sparse")
+
+
 # -------------------------------------------------------------------- generation
 def make_game(level: str, seed: int, path: str | Path):
     """A textworld.Game for `level` and `seed`, with its GameOptions set to compile to `path`."""
@@ -93,6 +100,15 @@ def _fix_serial(z8: Path) -> None:
         f.write(b"000000")
 
 
+def _drop_local_paths(meta: Path) -> None:
+    """TextWorld writes the absolute path of its grammar folder (inside this venv) into the game's
+    .json, and playing never reads it: blanked, so the games' bytes do not depend on where the
+    project lives (DVC hashes and RL checkpoint fingerprints stay the same in every clone)."""
+    data = json.loads(meta.read_text())
+    data["KB"]["text_grammars_path"] = ""
+    meta.write_text(json.dumps(data))
+
+
 def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, options: dict) -> list[GameSpec]:
     """Generate and compile one game per seed into out_dir (``<level>-s<seed>.z8`` + ``.json``)."""
     from textworld.generator import compile_game
@@ -107,6 +123,7 @@ def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, o
         game, game_options = make_game(level, seed, path)
         compile_game(game, game_options)
         _fix_serial(path)
+        _drop_local_paths(path.with_suffix(".json"))
         path.with_suffix(".ni").unlink(missing_ok=True)  # Inform 7 source, not needed to play
         plan = game.metadata.get("walkthrough") or game.walkthrough
         games.append(GameSpec(path=str(path), level=level, env="textworld", split=split, seed=seed,

@@ -25,9 +25,9 @@ class Baseline:
     def act(self, obs: Observation, game: GameSpec, turn: int, rng: random.Random) -> str:
         raise NotImplementedError
 
-    def play(self, games: list[GameSpec], pool, max_turns: int, temperature: float = 0.0,
+    def play(self, games: list[GameSpec], pool, max_turns: int, temperatures: list[float] | None = None,
              seed: int | None = None) -> list[Episode]:
-        """One episode per game, in lock-step through `pool`; `temperature` is ignored.
+        """One episode per game, in lock-step through `pool`; `temperatures` are ignored.
 
         Episode i draws from its own RNG seeded by (seed, i), so results do not depend
         on how episodes are batched across workers.

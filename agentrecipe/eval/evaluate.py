@@ -4,7 +4,9 @@ Per game: one greedy episode (temperature 0) gives success, score, turns and
 invalid-action rate; `samples` episodes at `temperature` give pass@k. A policy
 whose episodes cannot differ (greedy-only baselines, temperature 0) plays no
 sampled episodes: each of its tries would repeat the greedy one. Everything
-runs through one `EnvPool`, in batches of `batch_size` episodes; a crashed or
+runs through one `EnvPool`, in batches of `batch_size` episodes, greedy and
+sampled episodes side by side in one batch (one temperature per episode), on
+the rollout engine's fast path (KV caches kept across turns); a crashed or
 hung environment fails its episode (counted as not won, never raised).
 
     pool = EnvPool("textworld", {}, n_workers=2, timeout=30)
@@ -42,8 +44,9 @@ class Policy(Protocol):
     name: str
     stochastic: bool
 
-    def play(self, games: list[GameSpec], pool, max_turns: int, temperature: float,
-             seed: int | None) -> list[Episode]: ...
+    def play(self, games: list[GameSpec], pool, max_turns: int, temperatures: list[float],
+             seed: int | None) -> list[Episode]:
+        """One episode per game, game i at temperatures[i] (0 = greedy)."""
 
 
 class ModelPolicy:
@@ -66,9 +69,9 @@ class ModelPolicy:
         model, tokenizer = load_model(folder, dtype)
         return cls(name or Path(folder).name, model, tokenizer, agent, device)
 
-    def play(self, games, pool, max_turns, temperature, seed):
-        settings = RolloutSettings.from_agent(self.agent, max_turns, temperature, self.top_p, seed)
-        return run_episodes(games, self.backend, self.encoder, pool, settings)
+    def play(self, games, pool, max_turns, temperatures, seed):
+        settings = RolloutSettings.from_agent(self.agent, max_turns, 1.0, self.top_p, seed)
+        return run_episodes(games, self.backend, self.encoder, pool, settings, temperatures=temperatures)
 
 
 def load_policy(spec: str, agent: AgentConfig, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -113,7 +116,9 @@ def evaluate_policy(policy: Policy, games: list[GameSpec], pool, cfg: EvalConfig
     """Greedy and sampled episodes of `policy` on `games`; records, transcripts and per-level summary.
 
     `groups` adds pooled cells, e.g. {"in_domain": env.levels, "ood": env.ood_levels}.
-    Batch b of the run is seeded with `cfg.seed * 100_000 + b`, so a rerun repeats it exactly.
+    Episodes play `batch_size` at a time, greedy first, then sampled, a batch mixing both where
+    it straddles them. Batch b of the run is seeded with `cfg.seed * 100_000 + b`, so a rerun
+    repeats it exactly.
     """
     sampled = policy.stochastic and cfg.temperature > 0
     plan = [(g, "greedy") for g in games]
@@ -124,12 +129,9 @@ def evaluate_policy(policy: Policy, games: list[GameSpec], pool, cfg: EvalConfig
     bar = tqdm(total=len(plan), desc=f"eval {policy.name}", unit="ep", disable=not progress)
     for b, start in enumerate(range(0, len(plan), batch_size)):
         chunk = plan[start:start + batch_size]
-        modes = {mode for _, mode in chunk}
-        for mode in sorted(modes):  # a chunk may straddle greedy and sampled
-            part = [g for g, m in chunk if m == mode]
-            temperature = 0.0 if mode == "greedy" else cfg.temperature
-            played = policy.play(part, pool, cfg.max_turns, temperature, cfg.seed * 100_000 + b)
-            episodes += [(mode, ep) for ep in played]
+        temperatures = [0.0 if mode == "greedy" else cfg.temperature for _, mode in chunk]
+        played = policy.play([g for g, _ in chunk], pool, cfg.max_turns, temperatures, cfg.seed * 100_000 + b)
+        episodes += [(mode, ep) for (_, mode), ep in zip(chunk, played)]
         bar.update(len(chunk))
         bar.set_postfix(failed=sum(ep.failed for _, ep in episodes))
     bar.close()
@@ -147,18 +149,19 @@ def evaluate_policy(policy: Policy, games: list[GameSpec], pool, cfg: EvalConfig
 
 
 def write_results(out_dir: str | Path, results: list[EvalResult]) -> Path:
-    """metrics.json ({policy: {level: cell}}), episodes.jsonl and transcripts.jsonl under out_dir."""
+    """metrics.json ({policy: {level: cell}}), episodes.jsonl and transcripts.jsonl under out_dir.
+
+    Each file is written beside its old version and renamed over it (never half-written);
+    metrics.json last, so it never describes episodes that are not on disk."""
+    from agentrecipe.train.checkpoint import replace_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = {r.policy: r.summary for r in results}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    with open(out / "episodes.jsonl", "w") as f:
-        for r in results:
-            f.writelines(json.dumps(rec, sort_keys=True) + "\n" for rec in r.records)
-    with open(out / "transcripts.jsonl", "w") as f:
-        for r in results:
-            f.writelines(json.dumps(t) + "\n" for t in r.transcripts)
-    return out / "metrics.json"
+    replace_file(out / "episodes.jsonl",
+                 "".join(json.dumps(rec, sort_keys=True) + "\n" for r in results for rec in r.records))
+    replace_file(out / "transcripts.jsonl", "".join(json.dumps(t) + "\n" for r in results for t in r.transcripts))
+    return replace_file(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
 
 
 # ----------------------------------------------------------------- ad hoc games

@@ -56,6 +56,22 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
+def mean_interval(xs: list[float], z: float = 1.959964, low: float = 0.0, high: float = 1.0) -> tuple[float, float]:
+    """Normal-approximation interval of a mean of values in [low, high] (95% for the default z):
+
+        mean -+ z * s / sqrt(n),   s^2 = sum (x - mean)^2 / (n - 1)
+
+    clipped to [low, high]; with fewer than 2 values nothing is known: (low, high).
+    Used for the mean score (e.g. SWE tasks' pass ratio), beside the Wilson interval of success.
+    """
+    n = len(xs)
+    if n < 2:
+        return low, high
+    mean = sum(xs) / n
+    half = z * math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
+    return max(low, mean - half), min(high, mean + half)
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -64,7 +80,8 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
     """One metrics cell from episode records of one policy (and usually one level).
 
     From greedy episodes: ``success`` (won / n) with its 95% Wilson interval
-    (``success_ci_low``, ``success_ci_high``), ``score`` (mean score / max score),
+    (``success_ci_low``, ``success_ci_high``), ``score`` (mean score / max score) with its
+    95% normal interval (``score_ci_low``, ``score_ci_high``; `mean_interval`),
     ``turns_won`` (mean turns of won episodes, None if none won), ``invalid_rate``
     (invalid actions / turns), ``n`` (greedy episodes) and ``failed`` (failed episodes of
     both modes). ``pass@k`` averages, over games, the unbiased estimate from that game's
@@ -76,11 +93,15 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
     wins = sum(bool(r["won"]) for r in greedy)
     low, high = wilson_interval(wins, len(greedy))
     turns = sum(r["turns"] for r in greedy)
+    scores = [r["score"] / r["max_score"] if r["max_score"] else 0.0 for r in greedy]
+    score_low, score_high = mean_interval(scores)
     cell: dict = {
         "success": wins / len(greedy) if greedy else None,
         "success_ci_low": low,
         "success_ci_high": high,
-        "score": _mean([r["score"] / r["max_score"] if r["max_score"] else 0.0 for r in greedy]),
+        "score": _mean(scores),
+        "score_ci_low": score_low,
+        "score_ci_high": score_high,
         "turns_won": _mean([r["turns"] for r in greedy if r["won"]]),
         "invalid_rate": sum(r["invalid"] for r in greedy) / turns if turns else 0.0,
     }

@@ -13,6 +13,7 @@ Every later stage loads only from such folders (`load_model`).
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -96,10 +97,13 @@ def prepare_base_model(cfg: ModelConfig, corpus: Iterable[str] | None, out_dir: 
             raise ValueError(f"model.path={cfg.path!r} has no chat template; use an instruct/chat model")
     else:
         raise ValueError(f"model.name: unknown model {cfg.name!r}; known: {', '.join(MODEL_NAMES)}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    from agentrecipe.train.checkpoint import replace_dir
+
+    tmp = out_dir.with_name(out_dir.name + ".tmp")  # complete or absent, never half-written
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    return replace_dir(tmp, out_dir)
 
 
 def load_model(folder: str | Path, dtype: torch.dtype = torch.float32):

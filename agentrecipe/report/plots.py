@@ -2,6 +2,8 @@
 
 - learning curves from DVCLive logs: one TSV per metric under ``<dir>/plots/metrics/<name>.tsv``
   with a ``step`` column and one value column (named after the metric; ``value`` also read);
+  RL curves in two figures: the main one (smoothed training success, validation success,
+  return) and the diagnostics (losses, KL, entropy, clipping, value fit, throughput);
 - success by level: policies side by side per level, with 95% Wilson intervals.
 """
 
@@ -49,17 +51,44 @@ def find_curves(root: str | Path) -> dict[str, Path]:
     return {p.relative_to(base).with_suffix("").as_posix(): p for p in sorted(base.rglob("*.tsv"))}
 
 
-def plot_curves(curves: dict[str, Path], out: str | Path, title: str, ncols: int = 3) -> Path | None:
-    """One subplot per metric; None (and no file) when no curve has a point."""
+RL_MAIN = ("rollout/success", "valid/success", "rollout/return")
+"""The RL curves a reader looks at first: training success, held-out validation success, return."""
+
+
+def smooth(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average, debiased (TensorBoard's smoothing): s_t = w s_{t-1} + (1 - w) x_t,
+    divided by 1 - w^t so the first points are not pulled towards 0."""
+    out, acc = [], 0.0
+    for t, x in enumerate(values, 1):
+        acc = weight * acc + (1 - weight) * x
+        out.append(acc / (1 - weight**t) if weight > 0 else x)
+    return out
+
+
+def split_rl_curves(curves: dict[str, Path]) -> tuple[dict[str, Path], dict[str, Path]]:
+    """(main, diagnostics): the RL_MAIN series in that order, and every other series."""
+    main = {name: curves[name] for name in RL_MAIN if name in curves}
+    return main, {name: p for name, p in curves.items() if name not in main}
+
+
+def plot_curves(curves: dict[str, Path], out: str | Path, title: str, ncols: int = 3,
+                smoothing: float = 0.0) -> Path | None:
+    """One subplot per metric; with `smoothing` > 0 the raw series is drawn faint under its EMA.
+    None (and no file) when no curve has a point."""
     data = {name: read_tsv(p) for name, p in curves.items()}
     data = {name: xy for name, xy in data.items() if xy[0]}
     if not data:
         return None
     ncols = min(ncols, len(data))
     nrows = math.ceil(len(data) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows + 0.5), squeeze=False)
     for ax, (name, (steps, values)) in zip(axes.flat, data.items()):
-        ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
+        if smoothing > 0 and len(values) > 2:
+            ax.plot(steps, values, linewidth=0.8, alpha=0.3, color="C0")
+            ax.plot(steps, smooth(values, smoothing), linewidth=1.6, color="C0", label=f"EMA {smoothing}")
+            ax.legend(fontsize=7, loc="best")
+        else:
+            ax.plot(steps, values, marker="." if len(steps) < 30 else None, linewidth=1.2)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -67,7 +96,7 @@ def plot_curves(curves: dict[str, Path], out: str | Path, title: str, ncols: int
     for ax in list(axes.flat)[len(data):]:
         ax.axis("off")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))  # room for the title
     return _save(fig, out)
 
 

@@ -2,7 +2,11 @@
 
 A backend takes B prompts (token ids) and returns, for each, the token ids it
 sampled and their log-probs, exactly as generated. Optional per-prompt
-constraints (a TokenTrie) restrict sampling to admissible commands.
+constraints (a TokenTrie) restrict sampling to admissible commands. Optional
+per-prompt `keys` (e.g. episode indices) say which prompts continue which
+earlier ones, so a backend may keep each key's KV cache between calls (the HF
+backend does; vLLM's prefix cache finds shared prefixes by itself and ignores
+keys); `release(keys)` drops what was kept.
 """
 
 from __future__ import annotations
@@ -25,16 +29,30 @@ class Generation:
 
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
+    temperature: float | list[float] = 1.0
+    """One for every prompt, or one per prompt; 0 = greedy."""
     top_p: float = 1.0
     max_new_tokens: int = 24
     seed: int | None = None
     extra: dict = field(default_factory=dict)
 
 
+def row_temperatures(params: SamplingParams, n: int) -> list[float]:
+    """The temperature of each of `n` prompts."""
+    if isinstance(params.temperature, (int, float)):
+        return [float(params.temperature)] * n
+    if len(params.temperature) != n:
+        raise ValueError(f"SamplingParams.temperature: {len(params.temperature)} values for {n} prompts")
+    return [float(t) for t in params.temperature]
+
+
 class GenerationBackend(Protocol):
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None
+        self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
+        keys: list | None = None,
     ) -> list[Generation]: ...
+
+    def release(self, keys=None) -> None:
+        """Forget what was kept for `keys` (every key when None)."""
 
     def update_weights(self, model) -> None: ...

@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from agentrecipe.agent.decoding import TokenTrie
-from agentrecipe.rollout.backend import Generation, SamplingParams
+from agentrecipe.rollout.backend import Generation, SamplingParams, row_temperatures
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 SEED_MOD = 2**62
@@ -148,9 +148,14 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()  # cached blocks hold keys/values of the old weights
 
     # --------------------------------------------------------------- generation
+    def release(self, keys=None) -> None:
+        """Nothing kept per key: the prefix cache finds shared prefixes by itself."""
+
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None
+        self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
+        keys: list | None = None,
     ) -> list[Generation]:
+        """`keys` are ignored (prefix caching reuses each episode's earlier turns without them)."""
         if not prompts:
             return []
         tries = tries or [None] * len(prompts)
@@ -197,12 +202,13 @@ class VLLMBackend:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        greedy = params.temperature == 0
+        temperatures = row_temperatures(params, len(prompts))
         batch, sps = [], []
         for i, allowed, max_tokens in requests:
+            greedy = temperatures[i] == 0
             seed = None if params.seed is None else (params.seed * 1_000_003 + i * 10_007 + step) % SEED_MOD
             sps.append(VSamplingParams(
-                n=1, temperature=0.0 if greedy else params.temperature, top_p=1.0 if greedy else params.top_p,
+                n=1, temperature=temperatures[i], top_p=1.0 if greedy else params.top_p,
                 max_tokens=max_tokens, seed=seed, logprobs=0, ignore_eos=True, stop_token_ids=[self.eos_id],
                 allowed_token_ids=allowed, detokenize=False, skip_special_tokens=False,
             ))

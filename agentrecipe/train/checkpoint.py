@@ -1,9 +1,18 @@
-"""Saving models as plain HF folders, atomically: a folder is either complete or absent."""
+"""Saving models as plain HF folders, atomically: a folder is either complete or absent.
+
+A folder is replaced by writing the new one beside it, renaming the old one aside, renaming
+the new one in, then deleting the old one (`replace_dir`): a kill at any point leaves the
+old folder or the new one under the final name, or, between the two renames, the old one
+under ``<name>.old``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -20,8 +29,29 @@ def full_state_dict(engine_or_model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
 
+def replace_dir(new: Path, final: Path) -> Path:
+    """Move the complete folder `new` to `final`: the old `final` is renamed aside, then deleted."""
+    new, final = Path(new), Path(final)
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def replace_file(path: str | Path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file and an atomic rename."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def save_hf(engine_or_model, tokenizer, out_dir: str | Path) -> Path:
-    """Write model + tokenizer to out_dir via a temporary folder and a rename (rank 0 only)."""
+    """Write model + tokenizer to out_dir via a temporary folder and `replace_dir` (rank 0 only)."""
     out_dir = Path(out_dir)
     state = full_state_dict(engine_or_model)
     if int(os.environ.get("RANK", "0")) != 0:
@@ -31,29 +61,103 @@ def save_hf(engine_or_model, tokenizer, out_dir: str | Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+    return replace_dir(tmp, out_dir)
 
 
 def copy_model(src: str | Path, dst: str | Path) -> Path:
-    """Pass a model folder through unchanged (e.g. SFT with zero demonstrations)."""
+    """Pass a model folder through unchanged (e.g. SFT with zero demonstrations), atomically."""
     dst = Path(dst)
-    shutil.rmtree(dst, ignore_errors=True)
-    shutil.copytree(src, dst)
-    return dst
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    return replace_dir(tmp, dst)
+
+
+# ------------------------------------------------------------------- hashes
+def file_sha256(path: str | Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def tree_files(root: str | Path, skip: Iterable[str] = ()) -> dict[str, list]:
+    """{relative path: [size, sha256]} of every file under root (sorted), but names in `skip`."""
+    root = Path(root)
+    skip = set(skip)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name not in skip)
+    return {str(p.relative_to(root)): [p.stat().st_size, file_sha256(p)] for p in files}
+
+
+def hash_paths(paths: Iterable[str | Path]) -> str:
+    """One sha256 over the files under `paths` (a file or a folder each; names and contents;
+    Python caches skipped). Missing paths count as empty."""
+    h = hashlib.sha256()
+    for path in paths:
+        path = Path(path)
+        h.update(f"\0{path.name}\0".encode())
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+        for f in files:
+            if "__pycache__" in f.parts or f.suffix == ".pyc":
+                continue
+            rel = f.name if f == path else str(f.relative_to(path))
+            h.update(f"{rel}\0{file_sha256(f)}\0".encode())
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------- RL checkpoints
 # A checkpoint is a folder step_NNNNNN/ holding model/ (plain HF folder),
-# actor_state/ and critic_state/ (DeepSpeed: optimizer, scheduler) and
-# trainer_state.pt (step, RNG states, config fingerprint). It is written as
-# step_NNNNNN.tmp and renamed when complete, so a kill never leaves a
-# half-written checkpoint that looks finished.
+# actor_state/ and critic_state/ (DeepSpeed: optimizer, scheduler),
+# trainer_state.pt (step, RNG states) and, written last, checkpoint.json: the step,
+# the config fingerprint and the size and sha256 of every other file. checkpoint.json is
+# the marker of a complete checkpoint: it is written inside step_NNNNNN.tmp before the
+# folder is renamed, and deleted first when a checkpoint is pruned. The stage keeps one
+# root folder per fingerprint, and pruning only ever touches checkpoints of the same one.
 STATE_FILE = "trainer_state.pt"
+MANIFEST = "checkpoint.json"
+CORRUPT_SUFFIX = ".corrupt"
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """step_NNNNNN folders (no .tmp / .old / .corrupt), oldest first."""
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit())
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The checkpoint.json of a checkpoint folder (ValueError saying what is wrong with it)."""
+    marker = Path(path) / MANIFEST
+    if not marker.exists():
+        raise ValueError(f"incomplete: no {MANIFEST}")
+    try:
+        manifest = json.loads(marker.read_text())
+        return {"step": int(manifest["step"]), "fingerprint": str(manifest["fingerprint"]),
+                "files": dict(manifest["files"])}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{MANIFEST} unreadable ({type(e).__name__}: {e})") from None
+
+
+def verify_checkpoint(path: str | Path) -> dict:
+    """The checkpoint's manifest after checking every file it lists; ValueError naming the first bad file."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    for rel, (size, sha) in manifest["files"].items():
+        f = path / rel
+        if not f.is_file():
+            raise ValueError(f"{rel} is missing")
+        if f.stat().st_size != size:
+            raise ValueError(f"{rel} has {f.stat().st_size} bytes, {size} were written")
+        if file_sha256(f) != sha:
+            raise ValueError(f"{rel} does not match the sha256 recorded when it was written")
+    return manifest
+
+
+def remove_checkpoint(path: str | Path) -> None:
+    """Delete a checkpoint folder, its marker first (a half-deleted folder never looks complete)."""
+    path = Path(path)
+    (path / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str, keep: int = 2) -> Path:
+    """Write checkpoint step_NNNNNN under root, then keep the `keep` newest of this fingerprint."""
     import random
 
     root = Path(root)
@@ -71,27 +175,68 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
     if rank0:
         state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
         torch.save(state, tmp / STATE_FILE)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in sorted(p for p in root.glob("step_*") if not p.name.endswith(".tmp"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        manifest = {"step": step, "fingerprint": fingerprint, "files": tree_files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        if final.exists():
+            (final / MANIFEST).unlink(missing_ok=True)
+        replace_dir(tmp, final)
+        prune_checkpoints(root, fingerprint, keep)
     _barrier()
     return final
 
 
-def latest_checkpoint(root: str | Path, fingerprint: str) -> Path | None:
-    """The newest complete checkpoint written by a run with this fingerprint (else None)."""
+def prune_checkpoints(root: str | Path, fingerprint: str, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints of `fingerprint` under root."""
+    mine = []
+    for path in _step_dirs(Path(root)):
+        try:
+            if read_manifest(path)["fingerprint"] == fingerprint:
+                mine.append(path)
+        except ValueError:
+            continue  # not ours to judge: left alone
+    doomed = mine[:-keep] if keep > 0 else mine
+    for path in doomed:
+        remove_checkpoint(path)
+    return doomed
+
+
+def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str], None] | None = print) -> Path | None:
+    """The newest complete, intact checkpoint of this fingerprint under root (else None).
+
+    Every checkpoint passed over is reported with the reason. One whose files do not match
+    what was recorded when it was written is renamed aside to ``step_NNNNNN.corrupt`` (kept
+    for inspection, never considered again) and the next older one is tried."""
+    report = report or (lambda _msg: None)
     root = Path(root)
-    for path in sorted(root.glob("step_*"), reverse=True):
-        if path.name.endswith(".tmp") or not (path / STATE_FILE).exists():
+    for path in reversed(_step_dirs(root)):
+        try:
+            fp = read_manifest(path)["fingerprint"]
+        except ValueError as e:
+            report(f"checkpoint {path} skipped: {e}; moved to {_move_aside(path)}, trying the next older one")
+            continue
+        if fp != fingerprint:
+            report(f"checkpoint {path} skipped: written by another config (fingerprint {fp}, this run {fingerprint})")
             continue
         try:
-            state = torch.load(path / STATE_FILE, weights_only=False)
-        except Exception:  # noqa: BLE001 - a corrupt checkpoint is skipped, an older one is used
+            verify_checkpoint(path)
+        except ValueError as e:
+            report(f"checkpoint {path} skipped: corrupt, {e}; moved to {_move_aside(path)}, trying the next older one")
             continue
-        if state.get("fingerprint") == fingerprint:
-            return path
+        return path
     return None
+
+
+def _move_aside(path: Path) -> str:
+    """Rename a broken checkpoint to step_NNNNNN.corrupt (rank 0), out of every later search."""
+    aside = path.with_name(path.name + CORRUPT_SUFFIX)
+    if int(os.environ.get("RANK", "0")) == 0:
+        shutil.rmtree(aside, ignore_errors=True)
+        path.rename(aside)
+    return aside.name
+
+
+def checkpoint_step(path: str | Path) -> int:
+    return read_manifest(path)["step"]
 
 
 def load_rl_checkpoint(path: str | Path, actor, critic) -> int:
@@ -99,10 +244,14 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> int:
     import random
 
     path = Path(path)
-    actor.load_checkpoint(str(path / "actor_state"), tag="state")
-    if critic is not None:
-        critic.load_checkpoint(str(path / "critic_state"), tag="state")
-    state = torch.load(path / STATE_FILE, weights_only=False)
+    try:
+        actor.load_checkpoint(str(path / "actor_state"), tag="state")
+        if critic is not None:
+            critic.load_checkpoint(str(path / "critic_state"), tag="state")
+        state = torch.load(path / STATE_FILE, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - name the checkpoint, whatever DeepSpeed / torch raised
+        raise RuntimeError(f"{path}: cannot load this checkpoint ({type(e).__name__}: {e}); "
+                           f"delete it or move it aside to resume from an older one") from e
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["step"])

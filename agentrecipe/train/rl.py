@@ -3,17 +3,24 @@
 One step, top to bottom (CleanRL style):
   1. schedules: turn limit (ScalingInter-RL) and curriculum levels for this step
   2. rollouts: `games_per_step` games x `group_size` episodes, in lock-step
-  3. batch: training sequences, per-turn rewards (sparse / dense / penalties)
-  4. old log-probs (and reference log-probs, critic values) without gradient
+  3. batch: training sequences, per-turn rewards (sparse / dense / penalties), the minibatch plan
+  4. old log-probs (and reference log-probs, critic values, bootstrap values of truncated
+     episodes) without gradient; the first minibatch's old log-probs come from its update pass
   5. advantages on each episode's action-token layout (PPO / GRPO / RLOO / REINFORCE++)
   6. `update_epochs` passes over minibatches: clipped surrogate + KL + entropy
      (+ clipped value loss on the critic for PPO)
-  7. log metrics; checkpoint every `checkpoint_every` steps
+  7. log metrics (`perf/*`: seconds per phase, positions forwarded per action token; `valid/*`:
+     greedy episodes on held-out valid games every `eval_every` steps); checkpoint every
+     `checkpoint_every` steps
+
+Every pass runs on packed prefix-tree rows (`RLBatch.packed`): shared prefixes forwarded once,
+no padding, logits only where an action token is predicted, softmax over the allowed ids only.
 
 Under a launcher every rank plays its own episodes (different games per rank)
-and DeepSpeed averages the gradients; groups never cross ranks.
+and DeepSpeed averages the gradients; groups never cross ranks. Every rank runs
+the same number of forwards and backwards in every phase (zero-weight dummy passes
+pad a rank with fewer sequences, or none), so no collective waits forever.
 """
-
 from __future__ import annotations
 
 import math
@@ -21,14 +28,14 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from agentrecipe.agent.prompt import PromptEncoder
-from agentrecipe.algos.advantages import compute_advantages
+from agentrecipe.algos.advantages import compute_advantages, step_group_stats, zero_variance_fraction
 from agentrecipe.algos.losses import aggregate, explained_variance, kl_penalty, masked_mean, policy_loss, value_loss
 from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
 from agentrecipe.envs.base import GameSpec
@@ -36,11 +43,14 @@ from agentrecipe.models.registry import load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, turn_limit
-from agentrecipe.train.checkpoint import latest_checkpoint, load_rl_checkpoint, save_rl_checkpoint
+from agentrecipe.train.checkpoint import full_state_dict, latest_checkpoint, load_rl_checkpoint, save_rl_checkpoint
+from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
+from agentrecipe.train.dynamic_sampling import dynamic_sampling
 from agentrecipe.train.engine import ds_config, make_engine, unwrap
-from agentrecipe.train.logprobs import token_logprobs
+from agentrecipe.train.logprobs import constrained_logprobs, lm_logits_at, pack
 from agentrecipe.train.rl_batch import RLBatch, build_batch
+from agentrecipe.train.validation import is_validation_step, validation_stats
 
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -70,30 +80,117 @@ def num_steps(rl_episodes: int, rl: RLConfig, world_size: int = 1) -> int:
     return rl_episodes // (rl.episodes_per_step * world_size)
 
 
-def _forward_no_grad(model, batch: RLBatch, idx: list[int], temperature: float, mb: int, value: bool = False):
+def _distributed() -> bool:
+    return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+
+
+def _sync_max(n: int, device) -> int:
+    """The largest `n` over all ranks (every rank must run as many forwards and backwards:
+    DeepSpeed all-reduces gradients in each, and ZeRO-3 all-gathers parameters in each forward)."""
+    if not _distributed():
+        return n
+    t = torch.tensor([n], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t)
+
+
+def policy_pass(model, batch: RLBatch, sel: list[int], temperature: float, with_entropy: bool = False,
+                entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Log-probs (and entropy) of sequences `sel` at their action tokens: (len(sel), T) each, 0
+    elsewhere, and the positions forwarded. One packed forward; logits only where an action token
+    is predicted, softmax over the allowed ids only (constrained decoding)."""
+    p = batch.packed(sel)
+    logits = lm_logits_at(model, p.packed, p.at)  # (N, V)
+    lp, ent = constrained_logprobs(logits, p.targets, p.allowed, temperature, with_entropy, entropy_grad)
+    T = batch.input_ids.shape[1]
+    return p.scatter(lp, len(sel), T), p.scatter(ent, len(sel), T), p.packed.tokens
+
+
+def value_pass(critic, batch: RLBatch, sel: list[int]) -> tuple[torch.Tensor, int]:
+    """Critic values before each action token of sequences `sel`: (len(sel), T), and the positions forwarded."""
+    p = batch.packed(sel)
+    dtype = next(unwrap(critic).parameters()).dtype
+    v = critic(p.packed.input_ids, p.packed.model_mask(dtype).to(p.packed.input_ids.device),
+               p.packed.position_ids, at=p.at.to(p.packed.input_ids.device))
+    return p.scatter(v, len(sel), batch.input_ids.shape[1]), p.packed.tokens
+
+
+def bootstrap_pass(critic, batch: RLBatch) -> torch.Tensor:
+    """(E,) V(s_H) of the state after each truncated episode's last action (its next prompt), 0
+    for episodes the game ended: a time limit the state does not show must bootstrap (Pardo et al.
+    2018, "Time Limits in Reinforcement Learning"). One critic forward."""
+    eps = [e for e, p in enumerate(batch.next_prompts) if p is not None]
+    out = torch.zeros(len(batch.next_prompts))
+    if eps:
+        packed, at = batch.packed_next(eps)
+        dtype = next(unwrap(critic).parameters()).dtype
+        v = critic(packed.input_ids, packed.model_mask(dtype).to(packed.input_ids.device), packed.position_ids,
+                   at=at.to(packed.input_ids.device))
+        out[eps] = v.detach().float().cpu()
+    else:
+        _dummy_loss(critic, value=True)  # the same number of critic forwards on every rank
+    return out
+
+
+def _dummy_loss(model, value: bool = False) -> torch.Tensor:
+    """A forward on one token, times 0: a zero-weight minibatch that joins the collectives of its
+    forward (ZeRO-3 gathers) and, through backward, of the gradient all-reduce."""
+    packed = pack([[0]])
+    dev = next(unwrap(model).parameters()).device
+    packed.input_ids, packed.position_ids = packed.input_ids.to(dev), packed.position_ids.to(dev)
+    at = torch.zeros((1, 2), dtype=torch.long, device=dev)
+    if value:
+        dtype = next(unwrap(model).parameters()).dtype
+        out = model(packed.input_ids, packed.model_mask(dtype).to(dev), packed.position_ids, at=at)
+    else:
+        out = lm_logits_at(model, packed, at)
+    return out.float().sum() * 0.0
+
+
+def _no_grad_chunks(fn, idx: list[int], mb: int, device, model, value: bool = False) -> list:
+    """fn(chunk) on chunks of `mb` sequences without gradient, then dummy forwards up to the
+    largest chunk count of any rank."""
+    chunks = [idx[i : i + mb] for i in range(0, len(idx), mb)]
     out = []
     with torch.no_grad():
-        for i in range(0, len(idx), mb):
-            sel = idx[i : i + mb]
-            if value:
-                out.append(model(batch.input_ids[sel], batch.attention_mask[sel]).float())
+        for k in range(_sync_max(len(chunks), device)):
+            if k < len(chunks):
+                out.append(fn(chunks[k]))
             else:
-                allowed = batch.allowed_mask(sel)
-                lp, _ = token_logprobs(model, batch.input_ids[sel], batch.attention_mask[sel], temperature, allowed)
-                out.append(lp)
-    return torch.cat(out)
+                _dummy_loss(model, value)
+    return out
 
 
 def _minibatches(n: int, size: int, rng: random.Random, device) -> list[list[int]]:
-    """Shuffled minibatches; the same count on every rank (ranks hold different numbers of sequences)."""
-    count = math.ceil(n / size)
-    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-        t = torch.tensor([count], device=device)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        count = int(t)
+    """Shuffled minibatches; the same count on every rank (ranks hold different numbers of sequences).
+    A rank with fewer sequences than that count gets empty minibatches (run as zero-weight dummies)."""
+    count = _sync_max(math.ceil(n / size), device)
     order = list(range(n))
     rng.shuffle(order)
-    return [order[i::count] or order[:1] for i in range(count)]
+    return [order[i::count] for i in range(count)]
+
+
+class _TimedPool:
+    """The environment pool, timing its reset and step calls (environment time of a rollout)."""
+
+    def __init__(self, pool):
+        self.pool, self.seconds = pool, 0.0
+
+    def _timed(self, fn, *args):
+        t = time.time()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.time() - t
+
+    def reset(self, games):
+        return self._timed(self.pool.reset, games)
+
+    def step(self, actions):
+        return self._timed(self.pool.step, actions)
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
 
 
 def rl_train(
@@ -104,8 +201,11 @@ def rl_train(
     make_backend: Callable,
     log: Callable[[int, dict], None] | None = None,
     progress: bool = True,
+    valid_games: list[GameSpec] | None = None,
 ):
-    """Train the policy in `policy_dir`; return (actor engine, tokenizer, first step run)."""
+    """Train the policy in `policy_dir`; return (actor engine, tokenizer, first step run).
+
+    With `valid_games`, greedy episodes on them every `rl.eval_every` steps log `valid/*`."""
     rl, rank = run.rl, int(os.environ.get("RANK", "0"))
     model, tokenizer = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
     encoder = PromptEncoder(tokenizer, run.agent.show_admissible, run.agent.history)
@@ -124,7 +224,16 @@ def rl_train(
     if ckpt is not None:
         start_step = load_rl_checkpoint(ckpt, actor, critic)
         print(f"rl: resumed from {ckpt} (after step {start_step})")
-    backend = make_backend(unwrap(actor), tokenizer)
+    # Under ZeRO-3 the HF backend generates with a gathered copy of the policy: rollouts then run
+    # no collectives, so ranks whose episodes take different numbers of turns and tokens never wait
+    # on each other (one gather per step, on every rank, instead of one per generated token).
+    generator = None
+    if run.deepspeed.zero_stage == 3 and run.rollout.backend == "hf":
+        generator, _ = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
+        generator.to(actor.device).eval().requires_grad_(False)
+        generator.load_state_dict(full_state_dict(actor))
+    backend = make_backend(generator if generator is not None else unwrap(actor), tokenizer)
+    timed_pool = _TimedPool(pool)
     temperature = run.rollout.temperature if run.rollout.temperature > 0 else 1.0
     constrained = run.agent.decoding == "admissible"
 
@@ -141,24 +250,69 @@ def rl_train(
         group_of = [g for g in range(len(games)) for _ in range(rl.group_size)]
         settings = RolloutSettings.from_agent(run.agent, max_turns, temperature, run.rollout.top_p,
                                               seed=rl.seed * 1_000_003 + step * 101 + rank)
-        episodes = run_episodes([games[g] for g in group_of], backend, encoder, pool, settings)
-        t_gen = time.time() - t0
+        timed_pool.seconds = 0.0
+        dapo_stats: dict[str, float] = {}
+        if rl.dynamic_sampling:  # DAPO: replace groups whose rollouts all score alike (round r reseeds sampling)
+            sample = dynamic_sampling(
+                lambda gs, r: run_episodes(gs, backend, encoder, timed_pool, replace(settings, seed=settings.seed + 7919 * r)),
+                games, lambda k: rng.choices(candidates, k=k), rl.group_size, rl.dynamic_sampling_max_games,
+                lambda ep: sum(turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward)))
+            episodes, group_of, dapo_stats = sample.episodes, sample.group_of, sample.stats
+        else:
+            episodes = run_episodes([games[g] for g in group_of], backend, encoder, timed_pool, settings)
+        t_rollout, t_env = time.time() - t0, timed_pool.seconds
         gen_tokens = sum(len(a) for ep in episodes for a in ep.actions)
         # 3. batch
+        t1 = time.time()
         rewards = [turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in episodes]
         batch = build_batch(episodes, rewards, group_of, encoder, vocab, constrained, actor.device)
+        S = 0 if batch is None else batch.input_ids.shape[0]
+        # every epoch's minibatches, drawn now (the same draws as one epoch at a time); a rank without
+        # a batch still joins every collective with zero-weight dummy passes
+        plan = [_minibatches(S, mb, rng, actor.device) for _ in range(rl.update_epochs)]
         stats: dict[str, float] = {}
+        forwarded = {"policy": 0, "ref": 0, "critic": 0}
+        t2 = time.time()
+        # 4. old / reference log-probs, values. The first minibatch's old log-probs come from its own
+        # update pass (the weights have not changed yet, so pi_old = pi_theta there exactly and its
+        # ratio is 1); only the KL-in-reward path needs them all before the advantages.
+        idx = list(range(S))
+        reuse = set(plan[0][0]) if plan[0] and not (ref is not None and rl.kl_in_reward) else set()
+        old_lp = ref_lp = old_values = kl = None
+        policy = lambda m: lambda sel: policy_pass(m, batch, sel, temperature)  # noqa: E731
+        chunks = _no_grad_chunks(policy(unwrap(actor)), [i for i in idx if i not in reuse], mb, actor.device, unwrap(actor))
         if batch is not None:
-            S = batch.input_ids.shape[0]
-            idx = list(range(S))
             mask = batch.action_mask
-            # 4. old / reference log-probs, values
-            old_lp = _forward_no_grad(unwrap(actor), batch, idx, temperature, mb) * mask
-            stats["rollout/logprob_mismatch"] = float(masked_mean((old_lp - batch.rollout_logprobs).abs(), mask))
-            ref_lp = _forward_no_grad(ref, batch, idx, temperature, mb) * mask if ref is not None else None
-            kl = kl_penalty(old_lp, ref_lp, rl.kl_estimator) * mask if ref_lp is not None else None
-            old_values = _forward_no_grad(unwrap(critic), batch, idx, temperature, mb, value=True) * mask if critic else None
+            old_lp = torch.zeros_like(mask)
+            rest = [i for i in idx if i not in reuse]
+            for k, (lp, _, fwd) in enumerate(chunks):
+                old_lp[rest[k * mb : (k + 1) * mb]] = lp
+                forwarded["policy"] += fwd
+        if ref is not None:
+            ref_chunks = _no_grad_chunks(policy(ref), idx, mb, actor.device, ref)
+            if batch is not None:
+                ref_lp = torch.cat([lp for lp, _, _ in ref_chunks]) * mask
+                forwarded["ref"] += sum(fwd for _, _, fwd in ref_chunks)
+                if rl.kl_in_reward:
+                    kl = kl_penalty(old_lp, ref_lp, rl.kl_estimator) * mask
+        bootstrap = None
+        if critic is not None:
+            value_chunks = _no_grad_chunks(lambda sel: value_pass(unwrap(critic), batch, sel), idx, mb, actor.device,
+                                           unwrap(critic), value=True)
+            with torch.no_grad():
+                if batch is not None:
+                    bootstrap = bootstrap_pass(unwrap(critic), batch)
+                else:
+                    _dummy_loss(unwrap(critic), value=True)  # as many critic forwards as the ranks with a batch
+            if batch is not None:
+                old_values = torch.cat([v for v, _ in value_chunks]) * mask
+                forwarded["critic"] += sum(fwd for _, fwd in value_chunks)
+        t3 = time.time()
+        if batch is not None:
             # 5. advantages on the episodes' action layout, back onto sequence tokens
+            anchors = anchor_ids([episodes[i] for i in batch.kept], batch.ep_turn_mask.shape[1]) if rl.algo == "gigpo" else None
+            if anchors is not None:
+                stats.update(step_group_stats(batch.group_ids, anchors, batch.ep_turn_mask))
             adv_l, ret_l = compute_advantages(
                 rl.algo,
                 turn_rewards=batch.ep_turn_rewards,
@@ -168,44 +322,72 @@ def rl_train(
                 group_ids=batch.group_ids,
                 cfg=rl,
                 values=batch.to_layout(old_values) if old_values is not None else None,
-                kl=batch.to_layout(kl) if (kl is not None and rl.kl_in_reward) else None,
+                kl=batch.to_layout(kl) if kl is not None else None,
+                bootstrap_values=bootstrap,
+                anchor_ids=anchors,
             )
             advantages = batch.from_layout(adv_l)
-            returns = batch.from_layout(ret_l) if ret_l is not None else None
-            # 6. updates
-            sums: dict[str, list[float]] = {}
-            for _ in range(rl.update_epochs):
-                for sel in _minibatches(S, mb, rng, actor.device):
-                    m = mask[sel]
-                    allowed = batch.allowed_mask(sel)
-                    new_lp, entropy = token_logprobs(actor, batch.input_ids[sel], batch.attention_mask[sel], temperature,
-                                                     allowed, with_entropy=True)
-                    pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg)
-                    entropy_loss = aggregate(entropy, m, rl.loss_agg)
-                    kl_loss = torch.zeros(())
-                    if ref_lp is not None and not rl.kl_in_reward:
-                        kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg)
-                    loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
-                    actor.backward(loss)
+            value_targets = batch.from_layout(ret_l) if ret_l is not None else None
+        t4 = time.time()
+        # 6. updates
+        sums: dict[str, list[float]] = {}
+        for epoch in range(rl.update_epochs):
+            for k, sel in enumerate(plan[epoch]):
+                if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
+                    actor.backward(_dummy_loss(actor))
                     actor.step()
-                    mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
-                                "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
                     if critic is not None:
-                        new_values = critic(batch.input_ids[sel], batch.attention_mask[sel])
-                        v_loss, v_stats = value_loss(new_values, old_values[sel], returns[sel], m, rl.value_clip, rl.loss_agg)
-                        critic.backward(rl.vf_coef * v_loss)
+                        critic.backward(_dummy_loss(critic, value=True))
                         critic.step()
-                        mb_stats["losses/value"] = v_loss.item()
-                        mb_stats.update({f"losses/{k}": float(v) for k, v in v_stats.items()})
-                    for k, v in mb_stats.items():
-                        sums.setdefault(k, []).append(v)
-            stats.update({k: sum(v) / len(v) for k, v in sums.items()})
-            if old_values is not None and returns is not None:
-                stats["losses/explained_variance"] = float(explained_variance(old_values, returns, mask))
-            stats["perf/train_tokens_per_s"] = float(batch.attention_mask.sum()) * rl.update_epochs / max(time.time() - t0 - t_gen, 1e-9)
+                    continue
+                m, share = mask[sel], batch.share[sel]
+                new_lp, entropy, fwd = policy_pass(actor, batch, sel, temperature, with_entropy=True,
+                                                   entropy_grad=rl.entropy_coef != 0)
+                forwarded["policy"] += fwd
+                if epoch == 0 and k == 0 and reuse:
+                    old_lp[sel] = new_lp.detach()
+                pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg, share)
+                entropy_loss = aggregate(entropy, m, rl.loss_agg, share)
+                kl_loss = torch.zeros(())
+                if ref_lp is not None and not rl.kl_in_reward:
+                    kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg, share)
+                loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
+                actor.backward(loss)
+                actor.step()
+                mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
+                            "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
+                if critic is not None:
+                    new_values, fwd = value_pass(critic, batch, sel)
+                    forwarded["critic"] += fwd
+                    v_loss, v_stats = value_loss(new_values, old_values[sel], value_targets[sel], m, rl.value_clip,
+                                                 rl.loss_agg, share)
+                    critic.backward(rl.vf_coef * v_loss)
+                    critic.step()
+                    mb_stats["losses/value"] = v_loss.item()
+                    mb_stats.update({f"losses/{k}": float(v) for k, v in v_stats.items()})
+                for key, v in mb_stats.items():
+                    sums.setdefault(key, []).append(v)
+        t5 = time.time()
+        stats.update({k: sum(v) / len(v) for k, v in sums.items()})
+        if batch is not None:
+            stats["rollout/logprob_mismatch"] = float(masked_mean((old_lp - batch.rollout_logprobs).abs(), mask))
+            if old_values is not None and value_targets is not None:
+                stats["losses/explained_variance"] = float(explained_variance(old_values, value_targets, mask))
+            actions = float(mask.sum())
+            plain = batch.input_ids.numel()  # what one pass over the padded per-sequence batch forwards
+            stats.update({
+                "perf/train_tokens_per_s": float(batch.attention_mask.sum()) * rl.update_epochs / max(t5 - t4, 1e-9),
+                "perf/forwarded_per_action_token": sum(forwarded.values()) / actions,
+                "perf/policy_forwarded_per_action_token": forwarded["policy"] / actions,
+                "perf/policy_forwarded_per_action_token_unpacked": plain * (1 + rl.update_epochs) / actions,
+            })
         # 7. log and checkpoint
         played = [i for i, ep in enumerate(episodes) if not ep.failed]
         returns = [sum(rewards[i]) for i in played]
+        if rl.group_size >= 2 and played:  # groups whose rollouts all earned the same return: no group signal
+            stats["rollout/zero_variance_groups"] = zero_variance_fraction(
+                torch.tensor(returns), torch.tensor([group_of[i] for i in played]))
+        stats.update(dapo_stats)
         played = [episodes[i] for i in played]
         n = max(len(played), 1)
         stats.update({
@@ -217,10 +399,26 @@ def rl_train(
             "rollout/truncated": sum(ep.truncated for ep in played) / n,
             "rollout/failed_episodes": float(len(episodes) - len(played)),
             "schedule/max_turns": float(max_turns),
-            "perf/gen_tokens_per_s": gen_tokens / max(t_gen, 1e-9),
-            "perf/step_seconds": time.time() - t0,
+            "perf/gen_tokens_per_s": gen_tokens / max(t_rollout - t_env, 1e-9),
+            "perf/rollout_seconds": t_rollout,
+            "perf/generation_seconds": t_rollout - t_env,
+            "perf/env_seconds": t_env,
+            "perf/batch_seconds": t2 - t1,
+            "perf/logprob_seconds": t3 - t2,
+            "perf/advantage_seconds": t4 - t3,
+            "perf/update_seconds": t5 - t4,
         })
-        backend.update_weights(actor)  # the next rollouts sample from the updated policy (all ranks: ZeRO-3 gathers)
+        # the next rollouts sample from the updated policy (all ranks: ZeRO-3 gathers)
+        if generator is not None:
+            generator.load_state_dict(full_state_dict(actor))
+            backend.update_weights(generator)
+        else:
+            backend.update_weights(actor)
+        stats["perf/step_seconds"] = time.time() - t0
+        if valid_games and is_validation_step(step + 1, rl.eval_every, run.n_steps):
+            t6 = time.time()
+            stats.update(validation_stats(valid_games, backend, encoder, timed_pool, run.agent, run.rollout.max_turns))
+            stats["perf/validation_seconds"] = time.time() - t6
         if log is not None:
             log(step + 1, stats)
         bar.update(1)
@@ -229,4 +427,3 @@ def rl_train(
             save_rl_checkpoint(run.checkpoint_dir, step + 1, actor, critic, tokenizer, run.fingerprint)
     bar.close()
     return actor, tokenizer, start_step
-

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from agentrecipe.config import DeepSpeedConfig, SFTConfig
 from agentrecipe.train.engine import ds_config, make_engine
-from agentrecipe.train.logprobs import pad_batch, token_logprobs
+from agentrecipe.train.logprobs import constrained_logprobs, lm_logits_at, pack, pad_batch
 
 
 def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
@@ -30,10 +30,19 @@ def collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 def action_nll(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean negative log-likelihood of the action tokens of a batch."""
-    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
-    mask = batch["action_mask"]
-    return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+    """Mean negative log-likelihood of the action tokens of a batch.
+
+    One packed forward (`logprobs.pack`): rows that share a prefix (the turns of one
+    demonstration with a history window) forward it once, padding is not forwarded, and the LM
+    head runs only where an action token is predicted."""
+    ids, mask = batch["input_ids"], batch["action_mask"]
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    packed = pack([ids[b, :n].tolist() for b, n in enumerate(lengths)], None, ids.shape[1])
+    packed.input_ids, packed.position_ids = packed.input_ids.to(ids.device), packed.position_ids.to(ids.device)
+    rows, cols = mask.nonzero(as_tuple=True)
+    at = packed.at(rows.tolist(), (cols - 1).tolist())  # the token before each action token predicts it
+    logp, _ = constrained_logprobs(lm_logits_at(model, packed, at), ids[rows, cols])
+    return -logp.sum() / max(len(logp), 1)
 
 
 def sft_train(

@@ -62,6 +62,11 @@ def check_level(name: str) -> None:
     parse_level(name)
 
 
+def intermediate_reward(name: str) -> bool:
+    """Dense ALFWorld reward is subgoal progress, which moves before the win on every level."""
+    return True
+
+
 def make_env(options: Any = None):
     from agentrecipe.envs.alfworld.env import AlfWorldEnv
 

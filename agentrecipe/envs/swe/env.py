@@ -1,0 +1,349 @@
+"""A SWE task as a text game: a fresh copy of the buggy package per episode, and six commands.
+
+Commands (one line each, as the agent replies; see `agent.prompt.parse_reply`):
+
+    ls [DIR]                      files and folders (folders end in /)
+    open FILE [START]             lines START .. START + window - 1 of FILE, numbered
+    search TEXT                   lines of the repository's .py files that contain TEXT
+    edit FILE START END <<< TEXT  replace lines START..END (1-based, inclusive) by TEXT;
+                                  END = START - 1 inserts before line START; empty TEXT deletes.
+                                  TEXT is one line: a literal backslash-n (\\n) starts a new
+                                  line. Every new line gets the indentation of line START
+                                  (the agent's whitespace is collapsed on the way), plus four
+                                  spaces per leading literal \\t.
+    run_tests                     run the task's FAIL_TO_PASS + PASS_TO_PASS tests (sandboxed)
+    submit                        run them a last time and end the episode
+
+Test files cannot be edited and are restored before every run (as SWE-bench does), so a
+task is solved only by fixing the package. Observations are cut to ``max_obs_chars``.
+
+Score and reward: the score is the pass ratio of the task's tests at the last run (0
+before any run), and `step` returns its change, so an episode's rewards sum to its final
+pass ratio (max_score = 1; the dense reward). ``won`` = every test passes at ``submit``
+(the sparse reward: resolved).
+
+Admissible commands (what constrained decoding may choose): ``ls``, ``ls DIR`` for the
+folders holding sources, ``open FILE`` for each tested source file, ``run_tests``,
+``submit``, ``search`` with words of the failing tests' names, and, with a file open:
+page jumps (``open FILE START`` at +-1, 2, 4, ... 32 windows), ``open`` at the first
+search hits, and up to ``candidate_edits`` edits of the lines in view: the fix of each
+planted bug in view (while its file is untouched) plus distractors drawn with a seeded
+RNG from the mutations `mutate.candidates` finds in the visible lines. The list is
+sorted, so the fix's position depends on its text, not on it being the fix.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from agentrecipe.envs.base import GameSpec, Observation
+from agentrecipe.envs.swe import mutate
+from agentrecipe.envs.swe.packages import run_tests as pytest_run
+from agentrecipe.envs.swe.sandbox import Limits, remove_tree, resolve_inside
+from agentrecipe.envs.swe.tasks import PAGE_JUMPS, fits_action, read_task
+
+EDIT = re.compile(r"^edit (\S+) (\d+) (\d+) <<<(?: ?(.*))?$")
+SEARCH_HITS = 20
+WORKDIR = Path(tempfile.gettempdir()) / "agentrecipe-swe"
+
+
+class CommandError(ValueError):
+    """A command the env refuses (bad syntax, bad path): the agent is told why."""
+
+
+def sweep_stale(root: Path = WORKDIR) -> int:
+    """Remove episode folders left by dead processes (named <pid>-...); the count removed."""
+    n = 0
+    for d in root.glob("*-*") if root.is_dir() else ():
+        pid = d.name.split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            remove_tree(d)
+            n += 1
+    return n
+
+
+def edit_lines(lines: list[str], start: int, end: int, text: str) -> tuple[list[str], int]:
+    """`lines` with START..END (1-based, inclusive) replaced by `text` (the `edit` command's
+    rules: literal \\n splits lines, indentation of line START plus 4 spaces per leading \\t);
+    (new lines, number of lines inserted). ValueError for a range outside the file."""
+    if not (1 <= start <= len(lines) + 1 and start - 1 <= end <= len(lines)):
+        raise ValueError(f"lines {start}-{end} are not a range of the file (1-{len(lines)}; END = START - 1 inserts)")
+    base = mutate.indent_of(lines[start - 1]) if start <= len(lines) else mutate.indent_of(lines[-1])
+    new = []
+    for piece in text.split("\\n") if text else []:
+        piece = piece.strip()
+        level = 0
+        while piece.startswith("\\t"):
+            piece, level = piece[2:].lstrip(), level + 1
+        new.append(base + "    " * level + piece if piece else "")
+    return lines[: start - 1] + new + lines[end:], len(new)
+
+
+def _lines(text: str) -> list[str]:
+    return text.split("\n")
+
+
+class SWEEnv:
+    """Plays SWE tasks (task.json + repo/) one at a time; options: `agentrecipe.envs.swe.DEFAULTS`.
+
+    ``stats`` counts, over the env's life: ``runs`` and ``run_seconds`` of test runs, the runs a
+    limit stopped (``timeout``, ``output``) or a signal killed (``killed``), and ``refused_paths``.
+    """
+
+    def __init__(self, opts: dict) -> None:
+        self.opts = opts
+        self.window = int(opts["window"])
+        self.max_chars = int(opts["max_obs_chars"])
+        self.limits = Limits(wall_s=float(opts["timeout"]), cpu_s=int(opts["timeout"]),
+                             memory_mb=int(opts["memory_mb"]), nproc=int(opts["nproc"]),
+                             max_output=int(opts["max_output"]))
+        self.stats: Counter = Counter()
+        self.folder: Path | None = None
+        self.task: dict | None = None
+        WORKDIR.mkdir(parents=True, exist_ok=True)
+        sweep_stale()
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------- episode
+    def reset(self, game: GameSpec) -> Observation:
+        self.close()
+        task_dir = Path(game.path).parent
+        self.task = read_task(game.path)
+        self.task_dir = task_dir
+        self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=WORKDIR))
+        self.root = self.folder / "repo"
+        shutil.copytree(task_dir / "repo", self.root, symlinks=True)
+        self.score, self.done, self.won = 0.0, False, False
+        self.open_file: str | None = None
+        self.start = 1
+        self.hits: list[tuple[str, int]] = []
+        self.plan = list(self.task.get("expert_plan", game.expert_plan))
+        self.on_plan = 0
+        self.game = game
+        return self._observe(f"Repository {self.task['package']}: fix the issue.\n" + self._ls("."))
+
+    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError("step() before reset()")
+        command = " ".join(action.split()) if not action.startswith("edit ") else action.strip()
+        info: dict[str, Any] = {"action": command, "invalid": False}
+        if self.done:
+            return self._observe("The episode is over."), 0.0, True, {**info, "invalid": True}
+        follows = 0 <= self.on_plan < len(self.plan) and command == self.plan[self.on_plan]
+        self.on_plan = self.on_plan + 1 if follows else -1  # -1: off the expert's plan
+        reward = 0.0
+        try:
+            verb, _, rest = command.partition(" ")
+            if verb == "ls":
+                text = self._ls(rest or ".")
+            elif verb == "open":
+                text = self._open(rest)
+            elif verb == "search":
+                text = self._search(rest)
+            elif verb == "edit":
+                text = self._edit(command)
+            elif verb in ("run_tests", "submit") and not rest:
+                ratio, text, sandbox = self._run()
+                reward, self.score = ratio - self.score, ratio
+                info["sandbox"], info["pass_ratio"] = sandbox, ratio
+                if verb == "submit":
+                    self.done, self.won = True, ratio == 1.0
+                    text = f"Submitted. {text}\n{'Resolved.' if self.won else 'Not resolved.'}"
+                    self._remove()
+            else:
+                raise CommandError(f"Unknown command {command[:60]!r}. Commands: ls [DIR], open FILE [START], "
+                                   "search TEXT, edit FILE START END <<< TEXT, run_tests, submit.")
+        except CommandError as e:
+            info["invalid"] = True
+            text = str(e)
+            if "refused" in text:
+                self.stats["refused_paths"] += 1
+        return self._observe(text), reward, self.done, info
+
+    def close(self) -> None:
+        self._remove()
+
+    def _remove(self) -> None:
+        if self.folder is not None:
+            remove_tree(self.folder)
+            self.folder = None
+
+    # ------------------------------------------------------------ commands
+    def _path(self, name: str) -> Path:
+        try:
+            return resolve_inside(self.root, name)
+        except ValueError as e:
+            raise CommandError(f"Path refused: {e}") from None
+
+    def _rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root.resolve()) if path.is_absolute() else path)
+
+    def _ls(self, name: str) -> str:
+        path = self._path(name)
+        if not path.is_dir():
+            raise CommandError(f"ls: {name}: no such folder")
+        entries = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir()
+                         if not p.name.startswith(".") and p.name != "__pycache__")
+        return f"{name}:\n" + "\n".join(entries)
+
+    def _read(self, name: str) -> tuple[Path, list[str]]:
+        path = self._path(name)
+        if not path.is_file():
+            raise CommandError(f"{name}: no such file")
+        return path, _lines(path.read_text(errors="replace"))
+
+    def _open(self, rest: str) -> str:
+        parts = rest.split(" ")
+        if not rest or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise CommandError("usage: open FILE [START]")
+        _, lines = self._read(parts[0])
+        start = min(max(1, int(parts[1]) if len(parts) == 2 else 1), max(1, len(lines)))
+        self.open_file, self.start = parts[0], start
+        end = min(len(lines), start + self.window - 1)
+        body = "\n".join(f"{n}: {lines[n - 1]}" for n in range(start, end + 1))
+        return f"{parts[0]} (lines {start}-{end} of {len(lines)})\n{body}"
+
+    def _search(self, text: str) -> str:
+        if not text:
+            raise CommandError("usage: search TEXT")
+        hits = []
+        for path in sorted(self.root.rglob("*.py")):
+            if path.is_symlink() or "__pycache__" in path.parts:
+                continue
+            rel = str(path.relative_to(self.root))
+            for n, line in enumerate(_lines(path.read_text(errors="replace")), 1):
+                if text in line:
+                    hits.append((rel, n, line.strip()))
+        self.hits = [(f, n) for f, n, _ in hits if f in self.task["sources"]][:5]
+        shown = "\n".join(f"{f}:{n}: {line}" for f, n, line in hits[:SEARCH_HITS])
+        more = f"\n... {len(hits)} matches in all" if len(hits) > SEARCH_HITS else ""
+        return f"{len(hits)} matches for {text!r}" + (f":\n{shown}{more}" if hits else ".")
+
+    def _edit(self, command: str) -> str:
+        m = EDIT.match(command)
+        if not m:
+            raise CommandError("usage: edit FILE START END <<< TEXT  (\\n separates lines)")
+        name, start, end, text = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) or ""
+        path, lines = self._read(name)
+        rel = self._rel(path)
+        if rel in self.task["test_files"]:
+            raise CommandError(f"{name} is a test file: tests are restored before every run; fix the package instead.")
+        try:
+            lines, n_new = edit_lines(lines, start, end, text)
+        except ValueError as e:
+            raise CommandError(f"edit {name}: {e}") from None
+        path.write_text("\n".join(lines))
+        note = ""
+        try:
+            compile("\n".join(lines), name, "exec")
+        except SyntaxError as e:
+            note = f"\nWarning: {name} no longer compiles: {e.msg} (line {e.lineno})."
+        lo, hi = max(1, start - 2), min(len(lines), start + n_new + 1)
+        view = "\n".join(f"{n}: {lines[n - 1]}" for n in range(lo, hi + 1))
+        self.open_file, self.start = name, max(1, start - self.window // 2)
+        return f"Edited {name}: lines {start}-{end} replaced by {n_new} line(s).{note}\n{view}"
+
+    def _run(self) -> tuple[float, str, dict]:
+        """Restore the test files, run the task's tests in the sandbox; (pass ratio, report, sandbox info)."""
+        for rel in self.task["test_files"]:
+            dst = self.root / rel
+            if dst.is_symlink() or dst.exists():
+                dst.unlink() if not dst.is_dir() or dst.is_symlink() else shutil.rmtree(dst)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.task_dir / "repo" / rel, dst)
+        tests = self.task["FAIL_TO_PASS"] + self.task["PASS_TO_PASS"]
+        report, res = pytest_run(self.root, tests, self.limits)
+        outcomes = report.get("tests", {})
+        failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
+        ratio = (len(tests) - len(failed)) / len(tests)
+        self.stats["runs"] += 1
+        self.stats["run_seconds"] += res.seconds
+        if res.contained:
+            self.stats[res.contained] += 1
+        elif res.returncode < 0:  # a signal: RLIMIT_CPU (SIGXCPU), RLIMIT_FSIZE (SIGXFSZ), ...
+            self.stats["killed"] += 1
+        text = f"{len(tests) - len(failed)}/{len(tests)} tests pass."
+        if res.timed_out:
+            text += f" The run was stopped after {self.limits.wall_s:.0f} s (time limit)."
+        if res.output_limited:
+            text += f" The run was stopped: more than {self.limits.max_output} bytes of output."
+        elif res.returncode < 0 and not res.timed_out:
+            text += f" The run was killed by signal {-res.returncode} (a resource limit)."
+        for t in failed[:5]:
+            text += f"\nFAILED {t}: {outcomes.get(t, {}).get('message', 'did not run')[:200]}"
+        return ratio, text, {"seconds": round(res.seconds, 3), "contained": res.contained,
+                             "returncode": res.returncode}
+
+    # --------------------------------------------------------- observation
+    def _admissible(self) -> tuple[str, ...]:
+        task = self.task
+        cmds = {"ls", "run_tests", "submit"}
+        cmds |= {f"ls {d}" for d in {str(Path(f).parent) for f in task["sources"]} if d != "."}
+        cmds |= {f"open {f}" for f in task["sources"]}
+        for test in task["FAIL_TO_PASS"][:3]:
+            name = re.sub(r"\[.*", "", test.split("::")[-1]).removeprefix("test_")
+            if name:
+                cmds.add(f"search {name}")
+        cmds |= {f"open {f} {1 + ((n - 1) // self.window) * self.window}" for f, n in self.hits}
+        if self.open_file is not None and self.folder is not None:
+            try:
+                path, lines = self._read(self.open_file)
+            except CommandError:
+                path, lines = None, []
+            if path is not None:
+                page = (self.start - 1) // self.window
+                pages = -(-len(lines) // self.window)
+                for j in PAGE_JUMPS:
+                    for p in (page - j, page + j):
+                        if 0 <= p < pages:
+                            cmds.add(f"open {self.open_file} {1 + p * self.window}")
+                cmds |= set(self._candidate_edits(path, lines))
+        return tuple(sorted(c for c in cmds if fits_action(c)))
+
+    def _candidate_edits(self, path: Path, lines: list[str]) -> list[str]:
+        rel = self._rel(path)
+        if rel in self.task["test_files"] or not rel.endswith(".py"):
+            return []
+        lo, hi = self.start, min(len(lines), self.start + self.window - 1)
+        text = "\n".join(lines)
+        fixes = []
+        if text == (self.task_dir / "repo" / rel).read_text():  # untouched: the planted bugs are where they were
+            for row in self.task["mutations"]:
+                m = mutate.Mutation(**row)
+                if m.file == rel and lo <= m.line <= hi:
+                    fixes.append(mutate.fix_command(m))
+        try:
+            found = mutate.candidates(rel, text, None, set(range(lo, hi + 1)))
+        except SyntaxError:
+            found = []
+        wrong = [f"edit {rel} {m.line} {m.line} <<< {(m.mutated or '').strip()}".rstrip() for m in found]
+        wrong = sorted({w for w in wrong if fits_action(w)} - set(fixes))
+        seed = hashlib.sha256(f"{self.game.path}/{rel}/{lo}/{text}".encode()).hexdigest()
+        k = max(0, int(self.opts["candidate_edits"]) - len(fixes))
+        return fixes + random.Random(seed).sample(wrong, min(k, len(wrong)))
+
+    def _observe(self, text: str) -> Observation:
+        if len(text) > self.max_chars:
+            text = text[: self.max_chars] + f"\n... (output cut at {self.max_chars} characters)"
+        plan = tuple(self.plan[self.on_plan:]) if self.on_plan >= 0 else ()
+        return Observation(
+            text=text,
+            objective=self.task["issue"],
+            admissible_commands=self._admissible() if not self.done else (),
+            score=self.score,
+            max_score=1.0,
+            won=self.won,
+            lost=self.done and not self.won,
+            expert_action=plan[0] if plan else None,
+            expert_plan=plan,
+            extra={"package": self.task["package"]},  # (the sandbox counters live in self.stats)
+        )

@@ -1,0 +1,241 @@
+"""Where model-written code runs: a subprocess in the episode folder, inside limits.
+
+`run_limited(argv, folder, limits)` is the only way code of a SWE task is executed
+(the package's tests, at build time and through the env's ``run_tests`` / ``submit``):
+
+- wall time: the process group is killed after ``limits.wall_s`` seconds (and always
+  at the end, so forked leftovers die with it);
+- CPU seconds, address space and file size: ``resource.setrlimit`` in the child before
+  exec (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE);
+- processes: a pids cgroup of its own (``pids.max = limits.nproc``; cgroup v1 or v2) when
+  this process may create one (root), whose members are all killed at the end; else
+  RLIMIT_NPROC, which counts every process of the user (set to the user's processes now
+  plus ``limits.nproc``) and which the kernel never applies to uid 0;
+- output: at most ``limits.max_output`` bytes are kept; past that the group is killed;
+- network: as root, the child enters an empty network namespace (``unshare(CLONE_NEWNET)``:
+  no interfaces, not even a working loopback), then drops CAP_SYS_ADMIN and
+  CAP_SYS_RESOURCE from its capability bounding set, so after exec it cannot leave the
+  namespace or its cgroup. Without root no namespace can be made: proxy variables are
+  unset instead; `ISOLATION` says which applies;
+- environment: a fixed, small set of variables (no proxies, no tokens of the caller).
+
+Paths the agent names are checked by `resolve_inside` (no absolute paths, nothing that
+resolves outside the folder, no symlinks on the way).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+PR_CAPBSET_DROP = 24
+CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24
+
+
+@dataclass(frozen=True)
+class Limits:
+    wall_s: float = 30.0
+    """Wall-clock seconds before the whole process group is killed."""
+    cpu_s: int = 30
+    memory_mb: int = 2048
+    """RLIMIT_AS of the test process, in MiB."""
+    nproc: int = 64
+    """Processes the run may add to its user's (RLIMIT_NPROC; a fork bomb stops here)."""
+    max_output: int = 200_000
+    """Bytes of stdout + stderr kept; more kills the run."""
+    file_mb: int = 64
+    """RLIMIT_FSIZE: largest file the run may write, in MiB."""
+
+
+@dataclass
+class RunResult:
+    returncode: int
+    output: str
+    seconds: float
+    timed_out: bool = False
+    output_limited: bool = False
+
+    @property
+    def contained(self) -> str:
+        """Which limit ended the run ('' when it ended by itself)."""
+        return "timeout" if self.timed_out else "output" if self.output_limited else ""
+
+
+def _can_isolate() -> bool:
+    return sys.platform == "linux" and os.geteuid() == 0
+
+
+ISOLATION = "netns" if _can_isolate() else "proxy-unset"
+"""'netns': an empty network namespace (as root); 'proxy-unset': no namespace (not root)."""
+
+
+def user_processes() -> int:
+    """Processes of this real uid now (what RLIMIT_NPROC counts)."""
+    uid, n = os.getuid(), 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if any(line.split()[1] == str(uid) for line in status.read_text().splitlines() if line.startswith("Uid:")):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's whole environment: PATH, locale, no proxies, no caller secrets."""
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/nonexistent",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "no_proxy": "*",
+        "NO_PROXY": "*",
+    }
+    env.update(extra or {})
+    return env
+
+
+PIDS_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
+
+
+def make_pids_cgroup(limit: int) -> Path | None:
+    """A fresh pids cgroup allowing `limit` processes, or None where none can be made."""
+    for root in PIDS_ROOTS:
+        if not (root / "cgroup.procs").exists() or not os.access(root, os.W_OK):
+            continue
+        group = root / f"agentrecipe-swe-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        try:
+            group.mkdir()
+            (group / "pids.max").write_text(str(limit))
+            return group
+        except OSError:
+            try:
+                group.rmdir()
+            except OSError:
+                pass
+    return None
+
+
+def remove_pids_cgroup(group: Path) -> None:
+    """Kill every process left in `group`, then remove it."""
+    for _ in range(50):
+        try:
+            pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None):
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def setup() -> None:  # runs in the child between fork and exec
+        os.setsid()  # own process group: killed as one
+        if group is not None:
+            try:
+                with open(group / "cgroup.procs", "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                os._exit(123)
+        if isolate:
+            if libc.unshare(CLONE_NEWNET) != 0:
+                os._exit(121)  # never run without the namespace we promised
+            for cap in (CAP_SYS_ADMIN, CAP_SYS_RESOURCE):  # gone from the exec'd program
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    os._exit(122)
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        mem = limits.memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        size = limits.file_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return setup
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[str, str] | None = None) -> RunResult:
+    """Run `argv` in `folder` inside `limits`; never raises for what the child does."""
+    start = time.perf_counter()
+    group = make_pids_cgroup(limits.nproc)
+    nproc = user_processes() + limits.nproc
+    proc = subprocess.Popen(argv, cwd=str(folder), env=clean_env(env), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group))
+    chunks: list[bytes] = []
+    over = threading.Event()
+
+    def read() -> None:
+        kept = 0
+        while block := proc.stdout.read1(65536):
+            if kept < limits.max_output:
+                chunks.append(block[: limits.max_output - kept])
+            kept += len(block)
+            if kept > limits.max_output and not over.is_set():
+                over.set()
+                _kill_group(proc.pid)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.wall_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    _kill_group(proc.pid)  # also what the tests forked and left behind
+    proc.wait()
+    if group is not None:
+        remove_pids_cgroup(group)  # and whatever left the process group
+    reader.join(timeout=5)
+    output = b"".join(chunks).decode("utf-8", "replace")
+    return RunResult(proc.returncode, output, time.perf_counter() - start, timed_out, over.is_set())
+
+
+def resolve_inside(root: str | Path, name: str) -> Path:
+    """`root/name`, refused (ValueError) when absolute, outside root, or through a symlink."""
+    root = Path(root).resolve()
+    if not name or name.startswith(("/", "~")) or "\x00" in name:
+        raise ValueError(f"{name!r}: only paths inside the repository, relative to its root")
+    path = root
+    for part in Path(name).parts:
+        if part in ("", "."):
+            continue
+        if part == "..":
+            raise ValueError(f"{name!r}: '..' is not allowed")
+        path = path / part
+        if path.is_symlink():
+            raise ValueError(f"{name!r}: symbolic links are not followed")
+    if not path.resolve().is_relative_to(root):
+        raise ValueError(f"{name!r}: outside the repository")
+    return path
+
+
+def remove_tree(folder: str | Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""DVC experiments side by side in a few columns (`agentrecipe compare`).
+
+`dvc exp show` lists every param and every metric cell (hundreds of columns).
+This reads its `--json` output and keeps what a comparison needs: the
+experiment, its state, the params that differ between the experiments shown,
+and one policy's in-domain and out-of-domain success with its 95% interval.
+An experiment that did not succeed shows no numbers: DVC gives a failed
+experiment its baseline's metrics, which are not its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from agentrecipe.report.tables import NA, success_cell
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level with dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
+    if not isinstance(obj, dict):
+        return {prefix: obj} if prefix else {"value": obj}
+    flat: dict[str, Any] = {}
+    for key, value in obj.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def exp_show(project: str | Path = ".") -> list[dict[str, Any]]:
+    """`dvc exp show --json` of `project` (the current commit and its experiments)."""
+    res = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json", "--no-fetch"],
+                         cwd=project, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"dvc exp show failed: {res.stderr.strip()}")
+    return json.loads(res.stdout or "[]")
+
+
+def _record(entry: dict[str, Any], name: str, state: str, log: str | None) -> dict[str, Any]:
+    rev = (entry.get("revs") or [entry])[0]
+    data = rev.get("data") or {}
+    params: dict[str, Any] = {}
+    for content in (data.get("params") or {}).values():
+        params.update(flatten((content or {}).get("data") or {}))
+    files = data.get("metrics") or {}
+    metrics: dict[str, Any] = {}
+    for path, content in files.items():
+        prefix = "" if len(files) == 1 else f"{path}:"
+        metrics.update({prefix + k: v for k, v in flatten((content or {}).get("data") or {}).items()})
+    own = state in ("success", "baseline")
+    return {"name": name, "rev": (rev.get("rev") or "")[:7], "state": state, "params": params,
+            "metrics": metrics if own else {}, "log": log}
+
+
+def experiments(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per commit and experiment of `dvc exp show --json` (the workspace left out):
+    name, rev, state (baseline, success, failed, queued, running), flat params, flat metrics
+    (empty unless the experiment succeeded), log (the queue's log file of a queued run)."""
+    out = []
+    for commit in show:
+        if commit.get("rev") == "workspace":
+            continue
+        out.append(_record(commit, commit.get("name") or commit["rev"][:7], "baseline", None))
+        for exp in commit.get("experiments") or []:
+            executor = exp.get("executor") or {}
+            rev = (exp.get("revs") or [{}])[0]
+            out.append(_record(exp, exp.get("name") or rev.get("name") or rev.get("rev", "")[:7],
+                               executor.get("state") or "success", (executor.get("local") or {}).get("log")))
+    return out
+
+
+def varying_params(records: list[dict[str, Any]]) -> list[str]:
+    """Params whose value differs between the records, in params.yaml order, less those that the
+    params already kept determine (`-S rl=ppo` changes rl.algo and rl.group_size: rl.algo is shown)."""
+    def values(keys: list[str]) -> list[str]:
+        return [json.dumps([r["params"].get(k) for k in keys]) for r in records]
+
+    kept: list[str] = []
+    for key in dict.fromkeys(k for r in records for k in r["params"]):
+        if len(set(values([key]))) > 1 and len(set(values(kept + [key]))) > len(set(values(kept))):
+            kept.append(key)
+    return kept
+
+
+def error_tail(log: str | None, chars: int = 300) -> str:
+    """The last distinct lines of a failed run's log (at most `chars`), DVC's help footer left out."""
+    if not log or not Path(log).exists():
+        return ""
+    lines = list(dict.fromkeys(ln.strip() for ln in Path(log).read_text(errors="replace").splitlines()
+                               if ln.strip() and "Having any troubles" not in ln and "dvc.org/support" not in ln))
+    text = " | ".join(lines[-4:])
+    return text if len(text) <= chars else "…" + text[-chars + 1:]
+
+
+def success(metrics: dict[str, Any], policy: str, cell: str) -> str:
+    """'45.0 [28.1, 63.1]' for `policy`'s pooled `cell` (in_domain, ood), '–' when absent."""
+    prefix = f"{policy}.{cell}."
+    values = {k[len(prefix):]: v for k, v in metrics.items() if k.startswith(prefix)}
+    return success_cell(values or None)
+
+
+def rows(records: list[dict[str, Any]], params: list[str], policy: str = "rl") -> list[dict[str, str]]:
+    """Display rows: experiment, state, `params`, `policy`'s in-domain and OOD success."""
+    def show(value: Any) -> str:
+        return NA if value is None else json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+    return [
+        {"experiment": r["name"], "state": r["state"], **{p: show(r["params"].get(p)) for p in params},
+         f"{policy} in-domain": success(r["metrics"], policy, "in_domain"),
+         f"{policy} ood": success(r["metrics"], policy, "ood")}
+        for r in records
+    ]
+
+
+def format_table(table: list[dict[str, str]], width: int = 120) -> str:
+    """Aligned plain-text columns; the widest cells are cut (…), down to 8 characters, until a line fits `width`."""
+    if not table:
+        return "(no experiments)"
+    cols = list(table[0])
+    size = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols}
+    while sum(size.values()) + 2 * (len(cols) - 1) > width and max(size.values()) > 8:
+        size[max(size, key=size.get)] -= 1
+
+    def cut(text: str, n: int) -> str:
+        return text if len(text) <= n else text[: n - 1] + "…"
+
+    lines = ["  ".join(cut(c, size[c]).ljust(size[c]) for c in cols).rstrip()]
+    lines += ["  ".join(cut(r[c], size[c]).ljust(size[c]) for c in cols).rstrip() for r in table]
+    return "\n".join(lines)
+
+
+def compare(project: str | Path = ".", names: list[str] | None = None, params: list[str] | None = None,
+            policy: str = "rl", width: int = 120) -> str:
+    """The comparison table of `project`'s experiments (all, or `names` in that order)."""
+    records = experiments(exp_show(project))
+    if names:
+        by_name = {r["name"]: r for r in records}
+        if missing := [n for n in names if n not in by_name]:
+            raise ValueError(f"unknown experiment(s) {', '.join(missing)}; known: {', '.join(by_name)}")
+        records = [by_name[n] for n in names]
+    return format_table(rows(records, params or varying_params(records), policy), width)

@@ -1,0 +1,75 @@
+"""Driver for tests/test_multiprocess.py: RL steps under torchrun, then every rank writes its weights.
+
+    torchrun --nproc_per_node 2 tests/mp_rl_driver.py --policy DIR --out OUT --zero-stage 3
+
+Rank 0 plays one-turn games, rank 1 four-turn games cut at three turns (so the ranks hold
+different numbers of training sequences), and at step 2 every reset on rank 1 fails (it has no
+batch at all that step). PPO with a critic, a reference model (KL loss) and two update epochs,
+so every kind of pass runs. Each rank saves its gathered actor and critic weights as
+OUT/rank{R}.pt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+
+from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
+from agentrecipe.envs import registry
+from agentrecipe.envs.pool import EnvPool
+from agentrecipe.rollout.hf_backend import HFBackend
+from agentrecipe.train.checkpoint import full_state_dict
+from agentrecipe.train.rl import RLRun, rl_train
+from tests import walk_env
+
+
+class FailingResets:
+    """A pool whose resets all fail on call number `fail_call` (0-based)."""
+
+    def __init__(self, pool, fail_call: int | None):
+        self.pool, self.fail_call, self.calls = pool, fail_call, 0
+        self.last_errors: dict = {}
+
+    def reset(self, games):
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.fail_call:
+            self.last_errors = {i: "injected failure" for i in range(len(games))}
+            return [None] * len(games)
+        return self.pool.reset(games)
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--policy", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--zero-stage", type=int, default=0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    registry.FAMILIES["walk"] = "tests.walk_env"
+    seeds = [0, 4, 8, 12] if rank == 0 else [3, 7, 11, 15]  # 1 turn to win / 4 turns (truncated at 3)
+    games = walk_env.build_games("walk", "train", seeds, "", {})
+    rl = RLConfig(algo="ppo", lr=1e-2, critic_lr=1e-2, group_size=1, games_per_step=2, minibatch_size=2,
+                  update_epochs=2, kl_coef=0.05, checkpoint_every=1000, seed=0)
+    run = RLRun(rl=rl, reward=RewardConfig(step_penalty=0.1), agent=AgentConfig(history=2, max_action_tokens=6),
+                rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=args.zero_stage),
+                levels=["walk"], n_steps=3, checkpoint_dir=Path(args.out) / f"ckpt{rank}", fingerprint="mp")
+    log = []
+    with EnvPool("walk", {}, n_workers=0) as pool:
+        actor, _, _ = rl_train(args.policy, games, run, FailingResets(pool, 1 if rank == 1 else None),
+                               lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
+                               log=lambda step, stats: log.append(stats), progress=False)
+    state = full_state_dict(actor)  # every rank takes part (ZeRO-3 gathers)
+    torch.save({"actor": state, "failed": [s["rollout/failed_episodes"] for s in log]}, Path(args.out) / f"rank{rank}.pt")
+    print(f"rank {rank}: zero {args.zero_stage}, failed episodes per step {[s['rollout/failed_episodes'] for s in log]}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Checkpoints and model folders (issue 13): files verified against what was recorded when written,
+a corrupt checkpoint skipped for the next older one (reported), pruning within one config, atomic
+replaces, the stage's fingerprint, and the DVCLive history cut back to a checkpoint's step."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrecipe.train import checkpoint as ck
+from stages.common import copy_live, stage_fingerprint
+
+torch.set_num_threads(1)
+
+
+class FakeModule(torch.nn.Module):
+    """Enough of a HF model for save_hf: weights and save_pretrained."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((4,), float(value)))
+
+    def save_pretrained(self, path, state_dict, safe_serialization=True):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        torch.save(state_dict, Path(path) / "model.pt")
+
+
+class FakeTokenizer:
+    def save_pretrained(self, path):
+        (Path(path) / "tokenizer.json").write_text("{}")
+
+
+class FakeEngine:
+    """Enough of a DeepSpeed engine: a module and an optimizer state file."""
+
+    def __init__(self, value: float = 1.0):
+        self.module = FakeModule(value)
+
+    def save_checkpoint(self, folder, tag):
+        (Path(folder) / tag).mkdir(parents=True, exist_ok=True)
+        torch.save({"adam": torch.arange(1000.0)}, Path(folder) / tag / "mp_rank_00_model_states.pt")
+
+
+def save(root: Path, step: int, fingerprint: str = "aaaa", keep: int = 2) -> Path:
+    return ck.save_rl_checkpoint(root, step, FakeEngine(step), None, FakeTokenizer(), fingerprint, keep=keep)
+
+
+def test_checkpoint_records_sizes_and_hashes_of_its_files(tmp_path):
+    path = save(tmp_path, 3)
+    manifest = json.loads((path / ck.MANIFEST).read_text())
+    assert manifest["step"] == 3 and manifest["fingerprint"] == "aaaa"
+    states = "actor_state/state/mp_rank_00_model_states.pt"
+    assert set(manifest["files"]) == {states, "model/model.pt", "model/tokenizer.json", ck.STATE_FILE}
+    size, sha = manifest["files"][states]
+    assert size == (path / states).stat().st_size and sha == ck.file_sha256(path / states)
+    assert ck.latest_checkpoint(tmp_path, "aaaa") == path
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete", "flip"])
+def test_a_corrupt_checkpoint_falls_back_to_the_older_one_and_says_why(tmp_path, damage):
+    older, newer = save(tmp_path, 1), save(tmp_path, 2)
+    states = newer / "actor_state/state/mp_rank_00_model_states.pt"
+    if damage == "truncate":  # a kill -9 or a full disk mid-write
+        states.write_bytes(states.read_bytes()[:100])
+    elif damage == "delete":
+        states.unlink()
+    else:  # same size, other bytes
+        data = bytearray(states.read_bytes())
+        data[-1] ^= 0xFF
+        states.write_bytes(bytes(data))
+    said: list[str] = []
+    assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) == older
+    assert len(said) == 1 and "step_000002" in said[0] and "mp_rank_00_model_states.pt" in said[0]
+    assert {"truncate": "bytes", "delete": "missing", "flip": "sha256"}[damage] in said[0]
+    # moved aside, kept for inspection, never searched again (the reason is printed once)
+    assert (tmp_path / "step_000002.corrupt").is_dir() and not newer.exists()
+    said.clear()
+    assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) == older and said == []
+
+
+def test_an_incomplete_or_foreign_checkpoint_is_reported(tmp_path):
+    save(tmp_path, 1, "bbbb")
+    (tmp_path / "step_000002").mkdir()  # half-written by a crash before the marker, or half-pruned
+    said: list[str] = []
+    assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) is None
+    assert any("step_000002" in s and "incomplete" in s for s in said)
+    assert any("step_000001" in s and "another config" in s for s in said)
+
+
+def test_pruning_keeps_other_configs_checkpoints(tmp_path):
+    for step in (5, 10):
+        save(tmp_path, step, "aaaa")
+    for step in (1, 2, 3):  # a second config in the same folder
+        save(tmp_path, step, "bbbb")
+    fps = {p.name: ck.read_manifest(p)["fingerprint"] for p in tmp_path.glob("step_*")}
+    assert fps == {"step_000005": "aaaa", "step_000010": "aaaa", "step_000002": "bbbb", "step_000003": "bbbb"}
+
+
+def test_pruning_removes_the_marker_first(tmp_path, monkeypatch):
+    path = save(tmp_path, 1)
+
+    def dies_halfway(p, ignore_errors=False):
+        (Path(p) / ck.STATE_FILE).unlink()
+        raise KeyboardInterrupt  # killed in the middle of deleting the folder
+
+    monkeypatch.setattr(ck.shutil, "rmtree", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        ck.remove_checkpoint(path)
+    monkeypatch.undo()
+    assert path.exists() and not (path / ck.MANIFEST).exists()
+    said: list[str] = []
+    assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) is None and "incomplete" in said[0]
+
+
+def test_replacing_a_model_folder_never_loses_the_old_one(tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    ck.save_hf(FakeEngine(1.0), FakeTokenizer(), out)
+    real_rename = Path.rename
+
+    def fails_moving_in(self, target):
+        if self.name.endswith(".tmp"):
+            raise OSError("killed before the new folder was renamed in")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", fails_moving_in)
+    for replace in (lambda: ck.save_hf(FakeEngine(2.0), FakeTokenizer(), out), lambda: ck.copy_model(out, out)):
+        with pytest.raises(OSError):
+            replace()
+        kept = out if out.exists() else out.with_name("model.old")  # the old folder, whole, under one of its names
+        assert torch.load(kept / "model.pt")["w"][0] == 1.0
+        if not out.exists():
+            real_rename(kept, out)
+    monkeypatch.undo()
+    ck.save_hf(FakeEngine(2.0), FakeTokenizer(), out)
+    assert torch.load(out / "model.pt")["w"][0] == 2.0 and not out.with_name("model.old").exists()
+
+
+def test_write_results_never_leaves_half_written_files(tmp_path):
+    from agentrecipe.eval.evaluate import EvalResult, write_results
+
+    good = EvalResult("expert", records=[{"won": True}], transcripts=[{"t": 1}], summary={"w1": {"success": 1.0}})
+    write_results(tmp_path, [good])
+    before = {f: (tmp_path / f).read_text() for f in ("metrics.json", "episodes.jsonl", "transcripts.jsonl")}
+    bad = EvalResult("expert", records=[{"won": True}, {"won": object()}], transcripts=[], summary={"w1": {}})
+    with pytest.raises(TypeError):
+        write_results(tmp_path, [bad])
+    assert {f: (tmp_path / f).read_text() for f in before} == before
+
+
+def test_stage_fingerprint_covers_params_code_and_inputs(tmp_path, monkeypatch):
+    import stages.common as common
+
+    root = tmp_path / "project"
+    (root / "stages").mkdir(parents=True)
+    (root / "stages" / "rl.py").write_text("x = 1\n")
+    (root / "dvc.yaml").write_text(
+        "stages:\n  rl:\n    deps: [stages/rl.py, data/envs]\n    params: [rl.lr, env.workers]\n")
+    params = tmp_path / "params.yaml"
+    params.write_text("rl: {lr: 0.1, seed: 0}\nenv: {workers: 2}\nsft: {lr: 1}\n")
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "manifest.jsonl").write_text("{}\n")
+    monkeypatch.setattr(common, "ROOT", root)
+    base = stage_fingerprint("rl", params, [envs])
+    assert stage_fingerprint("rl", params, [envs]) == base
+    params.write_text("rl: {lr: 0.1, seed: 0}\nenv: {workers: 2}\nsft: {lr: 2}\n")  # not a key of rl
+    assert stage_fingerprint("rl", params, [envs]) == base
+    changes = [
+        lambda: params.write_text("rl: {lr: 0.1, seed: 0}\nenv: {workers: 1}\nsft: {lr: 2}\n"),  # a listed key
+        lambda: (root / "stages" / "rl.py").write_text("x = 2\n"),  # the code
+        lambda: (envs / "manifest.jsonl").write_text("{}\n{}\n"),  # an input
+    ]
+    seen = {base}
+    for change in changes:
+        change()
+        seen.add(stage_fingerprint("rl", params, [envs]))
+    assert len(seen) == 4
+
+
+def test_dvclive_history_is_cut_back_to_the_checkpoint_step(tmp_path):
+    live = tmp_path / "live"
+    series = live / "plots" / "metrics" / "rollout" / "success.tsv"
+    series.parent.mkdir(parents=True)
+    series.write_text("step\tsuccess\n1\t0.1\n2\t0.2\n3\t0.3\n4\t0.4\n")
+    (live / "metrics.json").write_text(json.dumps({"rollout": {"success": 0.4}, "step": 4}))
+    copy_live(live, tmp_path / "restored", upto=2)
+    restored = tmp_path / "restored"
+    assert (restored / "plots/metrics/rollout/success.tsv").read_text() == "step\tsuccess\n1\t0.1\n2\t0.2\n"
+    assert json.loads((restored / "metrics.json").read_text()) == {"rollout": {"success": 0.2}, "step": 2}
+    shutil.rmtree(restored)
+    copy_live(live, restored)  # no step: copied whole
+    assert (restored / "plots/metrics/rollout/success.tsv").read_text() == series.read_text()

@@ -1,0 +1,83 @@
+"""dvc.yaml lists every project module a stage runs (issue 15 item 1): derived, so it cannot drift.
+
+A stage's code is its `python -m stages.X` module and every module of this project that it
+imports, transitively (imports inside functions included). Each such file must be covered by
+one of the stage's deps (the file itself or a folder above it); otherwise changing it would not
+rerun the stage and DVC would record a stale result as current.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("agentrecipe", "stages")
+
+
+def module_file(name: str) -> Path | None:
+    """The file of a project module (package: its __init__.py); None for other modules."""
+    if name.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def imports_of(path: Path) -> set[str]:
+    """Module names imported by a file: `import a.b`, `from a.b import c` (a.b and a.b.c), relative too."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names |= {f"{base}.{a.name}" for a in node.names}
+    return names
+
+
+def project_closure(module: str) -> set[Path]:
+    """Files of `module` and of every project module it imports, transitively (parent packages included)."""
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):  # importing a.b.c runs a/__init__ and a/b/__init__ too
+            path = module_file(".".join(parts[:i]))
+            if path is not None and path not in seen:
+                seen.add(path)
+                todo += sorted(imports_of(path))
+    return seen
+
+
+STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_deps_cover_every_project_module_it_imports(stage):
+    spec = STAGES[stage]
+    module = re.match(r"python -m (\S+)", spec["cmd"]).group(1)
+    deps = [ROOT / d for d in spec.get("deps", [])]
+    missing = sorted(str(f.relative_to(ROOT)) for f in project_closure(module)
+                     if f.name != "__init__.py" or f.stat().st_size > 0
+                     if not any(f == d or d in f.parents for d in deps))
+    assert not missing, f"dvc.yaml stage {stage}: add to deps: {missing}"
+
+
+def test_the_closure_sees_lazy_and_relative_imports():
+    files = {str(p.relative_to(ROOT)) for p in project_closure("stages.report")}
+    assert {"stages/report.py", "stages/common.py", "agentrecipe/config.py"} <= files

@@ -1,0 +1,294 @@
+"""Environments as a service: real `agentrecipe serve-env` servers on 127.0.0.1, started here.
+
+The rollout engine plays through two servers exactly as through the local pool; killing or
+freezing a server mid-batch fails only its episodes (counted) and the run goes on; a server's
+memory stays flat over 1000 episodes; bad input is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import torch
+
+from agentrecipe.envs import registry
+from agentrecipe.envs.base import GameSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]  # the fake families, as the servers import them
+import fixed_turn_env  # noqa: E402
+
+from agentrecipe.envs.remote_pool import RemotePool  # noqa: E402
+from agentrecipe.envs.server import MAX_ACTION_CHARS, MAX_BODY_BYTES  # noqa: E402
+
+torch.set_num_threads(1)
+FAMILIES = {"fake": "fake_envs", "ballast": "ballast_envs", "fixed": "fixed_turn_env"}
+# A server of one of the test families: the `serve-env` command, with those families registered.
+LAUNCH = f"""
+import sys
+sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(ROOT / 'bench')!r}]
+from agentrecipe.envs import registry
+registry.FAMILIES.update({FAMILIES!r})
+from agentrecipe.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+TURNS = 5
+FIXED = [GameSpec(path=f"fixed-{s}", level=f"t{TURNS}", env="fixed", seed=s) for s in range(8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One `serve-env` process on 127.0.0.1 (stopped by its PID)."""
+
+    def __init__(self, family: str, log_dir: Path, port: int | None = None):
+        self.family, self.port = family, port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log_dir / f"{family}-{self.port}-{time.monotonic_ns()}.log"
+        args = ["serve-env", "--env", family, "--port", str(self.port), "--params", str(log_dir / "none.yaml")]
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def wait(self, timeout: float = 180.0) -> Server:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited: {self.log.read_text()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.url} did not start: {self.log.read_text()}")
+
+    def stats(self) -> dict:
+        return httpx.get(self.url + "/stats", timeout=5).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Two servers of the fixed-turn family, one of the ballast family, one of TextWorld (started at once)."""
+    log_dir = tmp_path_factory.mktemp("servers")
+    started = {name: Server(family, log_dir) for name, family in
+               (("a", "fixed"), ("b", "fixed"), ("ballast", "ballast"), ("textworld", "textworld"))}
+    try:
+        for s in started.values():
+            s.wait()
+        started["log_dir"] = log_dir
+        yield started
+    finally:
+        for s in list(started.values()):
+            if isinstance(s, Server):
+                s.stop()
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """A tiny untrained model: greedy admissible decoding picks some admissible command each turn."""
+    from agentrecipe.agent.prompt import PromptEncoder
+    from agentrecipe.config import ModelConfig
+    from agentrecipe.models.registry import build_tiny
+    from agentrecipe.models.tokenizer import train_tokenizer
+    from agentrecipe.rollout.hf_backend import HFBackend
+
+    texts = [" ".join((t, *c)) for s in range(4) for t, c in [fixed_turn_env.room_text(s, k) for k in range(3)]]
+    tok = train_tokenizer(texts + [fixed_turn_env.OBJECTIVE], 400)
+    model = build_tiny(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0), tok)
+    return PromptEncoder(tok, True, 2), HFBackend(model, tok.pad_token_id, tok.eos_token_id)
+
+
+def play(policy, pool, games, backend=None):
+    from agentrecipe.rollout.engine import RolloutSettings, run_episodes
+
+    encoder, hf = policy
+    return run_episodes(games, backend or hf, encoder, pool, RolloutSettings(max_turns=TURNS + 1, max_context=2048,
+                                                                               temperature=0.0))
+
+
+class KillingBackend:
+    """The policy's backend, calling `act()` just before generating turn `turn` (counted from 1)."""
+
+    def __init__(self, backend, turn: int, act):
+        self.backend, self.turn, self.act, self.calls = backend, turn, act, 0
+
+    def generate(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.turn:
+            self.act()
+        return self.backend.generate(*args, **kwargs)
+
+    def __getattr__(self, name):  # release() and the rest: the wrapped backend's
+        return getattr(self.backend, name)
+
+
+def test_rollout_engine_plays_through_two_servers_as_through_the_local_pool(servers, policy, monkeypatch):
+    from agentrecipe.envs.pool import EnvPool
+
+    monkeypatch.setitem(registry.FAMILIES, "fixed", "fixed_turn_env")
+    with EnvPool("fixed", {}, n_workers=0) as local:
+        expected = play(policy, local, FIXED)
+    a, b = servers["a"], servers["b"]
+    before = [a.stats()["episodes"], b.stats()["episodes"]]
+    with RemotePool("fixed", [a.url, b.url], timeout=10) as pool:
+        got = play(policy, pool, FIXED)
+        assert pool.failures == 0
+    assert [a.stats()["episodes"] - before[0], b.stats()["episodes"] - before[1]] == [4, 4]  # spread evenly
+    assert [ep.summary() for ep in got] == [ep.summary() for ep in expected]
+    assert [ep.observations for ep in got] == [ep.observations for ep in expected]  # every field, every turn
+    assert [ep.action_texts for ep in got] == [ep.action_texts for ep in expected]
+    assert all(ep.turns == TURNS and ep.done and not ep.failed for ep in got)
+    assert a.stats()["open_envs"] == 0 and b.stats()["open_envs"] == 0  # closed at episode end
+
+
+def test_killed_server_fails_only_its_episodes_and_is_retried(servers, policy):
+    a, b = servers["a"], servers["b"]
+    with RemotePool("fixed", [a.url, b.url], timeout=10, connect_timeout=2, retry_after=1.0) as pool:
+        episodes = play(policy, pool, FIXED, KillingBackend(policy[1], 3, b.stop))  # dies before turn 3's step
+        failed = [ep for ep in episodes if ep.failed]
+        assert len(failed) == 4 and pool.failures == 4  # B held half the batch
+        assert all(b.url in ep.error and ep.turns == 3 for ep in failed)
+        assert all(ep.turns == TURNS and not ep.failed for ep in episodes if ep not in failed)
+
+        # The run goes on: the next batch plays on A alone (while B restarts on its port).
+        servers["b"] = b = Server("fixed", servers["log_dir"], port=b.port)
+        before = a.stats()["episodes"]
+        assert not any(ep.failed for ep in play(policy, pool, FIXED))
+        assert a.stats()["episodes"] - before == 8 and pool.failures == 4
+
+        # Back, B gets episodes again once retry_after has passed.
+        b.wait()
+        time.sleep(1.0)
+        assert not any(ep.failed for ep in play(policy, pool, FIXED))
+        assert b.stats()["episodes"] == 4
+
+
+def test_frozen_server_times_out_only_its_episodes(servers, policy):
+    a, b = servers["a"], servers["b"]
+    with RemotePool("fixed", [a.url, b.url], timeout=2, connect_timeout=1, retry_after=60) as pool:
+        start = time.monotonic()
+        try:
+            freeze = KillingBackend(policy[1], 2, lambda: os.kill(a.proc.pid, signal.SIGSTOP))  # before turn 2's step
+            episodes = play(policy, pool, FIXED, freeze)
+            failed = [ep for ep in episodes if ep.failed]
+            assert len(failed) == 4 and pool.failures == 4
+            assert all(a.url in ep.error and "no answer in time" in ep.error for ep in failed)
+            assert time.monotonic() - start < 30
+            before = b.stats()["episodes"]
+            assert not any(ep.failed for ep in play(policy, pool, FIXED))  # A no longer gets episodes
+            assert b.stats()["episodes"] - before == 8
+        finally:
+            os.kill(a.proc.pid, signal.SIGCONT)
+
+
+def test_server_memory_is_flat_over_1000_episodes(servers):
+    """Each ballast env holds 1 MiB until closed: without closing, RSS would grow by about 900 MiB."""
+    server = servers["ballast"]
+    proc = psutil.Process(server.proc.pid)
+    games = [GameSpec(path=f"b/{i}", level="fake", env="ballast", seed=i) for i in range(50)]
+    rss = {}
+    with RemotePool("ballast", [server.url], timeout=20) as pool:
+        for batch in range(20):
+            pool.reset(games)
+            pool.step(["look"] * 50)
+            assert all(r.done for r in pool.step(["win"] * 50))
+            if batch + 1 in (2, 10, 20):
+                rss[(batch + 1) * 50] = proc.memory_info().rss / 2**20
+        assert pool.failures == 0
+    stats = server.stats()
+    assert stats["episodes"] == 1000 and stats["open_envs"] == 0
+    print(f"server RSS (MiB) by episodes played: {rss}")
+    assert rss[1000] - rss[500] < 32, rss  # measured: about 10 (allocator and thread churn, levelling off)
+
+
+def test_textworld_through_a_server_matches_the_local_env(servers, tw_games):
+    from agentrecipe.envs.textworld_env import make_env
+
+    games = list(tw_games.values())
+    env = make_env({})
+    expected = []
+    for g in games:  # the expert plan played in this process
+        obs = [env.reset(g)] + [env.step(a)[0] for a in g.expert_plan]
+        expected.append(obs)
+    env.close()
+    with RemotePool("textworld", [servers["textworld"].url], timeout=30) as pool:
+        got = [[o] for o in pool.reset(games)]
+        for t in range(max(len(g.expert_plan) for g in games)):
+            res = pool.step([g.expert_plan[t] if t < len(g.expert_plan) else None for g in games])
+            for i, r in enumerate(res):
+                if r is not None:
+                    got[i].append(r.obs)
+        assert pool.failures == 0
+    assert got == expected
+    assert all(obs[-1].won for obs in got)
+    assert servers["textworld"].stats()["open_envs"] == 0
+
+
+def test_expert_replays_for_sft_data_through_a_server(servers, tw_games):
+    from agentrecipe.agent.replay import replay_expert
+    from agentrecipe.envs.remote_pool import PoolEnv
+    from agentrecipe.envs.textworld_env import make_env
+
+    game = tw_games["cooking"]
+    local = replay_expert(make_env({}), game)
+    with RemotePool("textworld", [servers["textworld"].url], timeout=30) as pool:
+        assert replay_expert(PoolEnv(pool), game) == local
+        with pytest.raises(RuntimeError, match="reset failed: .*plays 'textworld' games, not 'fake'"):
+            PoolEnv(pool).reset(GameSpec(path="x", level="l", env="fake"))
+
+
+def test_bad_input_is_refused_and_fails_one_episode(servers):
+    a = servers["a"]
+    with RemotePool("fixed", [a.url], timeout=5) as pool:
+        other = GameSpec(path="fake/1", level="fake", env="fake")
+        huge = GameSpec(path="fixed-1", level="t5", env="fixed", expert_plan=("x" * 1000,) * (MAX_BODY_BYTES // 1000))
+        obs = pool.reset([FIXED[0], other, huge, FIXED[1]])
+        assert obs[0] is not None and obs[3] is not None and obs[1] is None and obs[2] is None
+        assert "plays 'fixed' games, not 'fake'" in pool.last_errors[1]
+        assert pool.failures == 2
+        code = "__import__('os')._exit(1)"  # a plain string: the server never evaluates it
+        res = pool.step([code, None, None, "y" * (MAX_ACTION_CHARS + 1)])
+        assert not res[0].failed and res[3].failed and pool.failures == 3
+    assert a.stats()["open_envs"] == 0
+    r = httpx.post(a.url + "/reset", content=b"{" + b" " * MAX_BODY_BYTES + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_unreachable_or_wrong_server_is_an_error_at_start(servers):
+    start = time.monotonic()
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ConnectionError, match=f"{dead} does not answer"):
+        RemotePool("fixed", [servers["a"].url, dead], connect_timeout=2)
+    with pytest.raises(ConnectionError, match="serves 'fixed', not 'textworld'"):
+        RemotePool("textworld", [servers["a"].url])
+    assert time.monotonic() - start < 10
+
+
+def test_unknown_family_and_bad_urls_are_refused_before_any_work(capsys):
+    from agentrecipe.cli import main
+    from agentrecipe.config import ConfigError, EnvConfig
+
+    assert main(["serve-env", "--env", "nope"]) == 2
+    assert "unknown environment 'nope'; known: alfworld" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="env.remote"):
+        EnvConfig(remote=["127.0.0.1:8765"])
+    assert EnvConfig(remote=["http://127.0.0.1:8765", "https://envs.example.org"]).remote

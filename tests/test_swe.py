@@ -1,0 +1,256 @@
+"""SWE tasks: level grammar, AST mutations, the edit command, task generation on a local package, the env."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+from agentrecipe.config import ConfigError, EnvConfig, RewardConfig
+from agentrecipe.envs import swe
+from agentrecipe.envs.base import GameSpec
+from agentrecipe.envs.build import check_plan
+from agentrecipe.envs.swe import mutate, tasks
+from agentrecipe.envs.swe.env import WORKDIR, edit_lines, sweep_stale
+from agentrecipe.eval.metrics import mean_interval
+from agentrecipe.rewards import turn_rewards
+from tests.swe_fixture import CALC, SPEC, seed_cache
+
+SNIPPET = """def f(xs, n):
+    total = 0
+    for x in xs:
+        if x > n:
+            total += x * 2
+    return total
+"""
+
+
+# ------------------------------------------------------------------- levels and options
+def test_level_grammar():
+    assert tasks.parse_level("cmp-f1") == (("cmp",), 1)
+    assert tasks.parse_level("any-f2") == (mutate.KINDS, 2)
+    for bad in ("cmp", "cmp-f0", "cmp-f4", "swap-f1", "w2-o3-q4"):
+        with pytest.raises(ValueError, match="unknown SWE level"):
+            swe.check_level(bad)
+    with pytest.raises(ConfigError, match=r"env.ood_levels: unknown SWE level 'any-f9'"):
+        EnvConfig(name="swe", levels=["any-f1"], ood_levels=["any-f9"])
+
+
+def test_options_refuse_unknown_keys_and_unpinned_packages():
+    with pytest.raises(ConfigError, match=r"env.swe: unknown option\(s\) \['windw'\]"):
+        EnvConfig(name="swe", levels=["any-f1"], swe={"windw": 10})
+    with pytest.raises(ConfigError, match="pin an exact version"):
+        EnvConfig(name="swe", levels=["any-f1"], swe={"packages": ["toolz>=1"]})
+    assert EnvConfig(name="swe", levels=["op-f1"], swe={"p2p": 2}).family_options == {"p2p": 2}
+
+
+def test_params_file_states_the_defaults():
+    import yaml
+
+    params = yaml.safe_load((Path(__file__).parents[1] / "params/env/swe.yaml").read_text())
+    assert params["swe"] == swe.DEFAULTS
+
+
+def test_mean_interval():
+    # mean 0.5; s^2 = (0.09 + 0.01 + 0.01 + 0.09) / 3 = 0.0667; half = 1.96 * sqrt(0.0667 / 4) = 0.2530
+    low, high = mean_interval([0.2, 0.4, 0.6, 0.8])
+    assert low == pytest.approx(0.2470, abs=1e-4) and high == pytest.approx(0.7530, abs=1e-4)
+    assert mean_interval([0.5] * 4) == (0.5, 0.5)
+    assert mean_interval([0.0, 1.0]) == (0.0, 1.0)  # 0.5 -+ 0.98, clipped
+    assert mean_interval([0.3]) == (0.0, 1.0)
+
+
+# ------------------------------------------------------------------------- mutations
+def test_mutations_of_each_kind_on_a_small_function():
+    found = {(m.kind, m.line, m.mutated) for m in mutate.candidates("f.py", SNIPPET)}
+    assert ("cmp", 4, "        if x >= n:") in found
+    assert ("cond", 4, "        if not x > n:") in found
+    assert ("op", 5, "            total += x // 2") in found  # * -> //
+    assert ("obo", 2, "    total = 1") in found and ("obo", 2, "    total = -1") in found
+    assert ("drop", 2, None) in found  # `for` follows at the same indentation
+    assert not any(k == "drop" and line == 5 for k, line, _ in found)  # last statement of its block
+    assert ("var", 6, "    return n") in found  # first other name of the function
+    # Only lines allowed (those the tests execute) are mutated.
+    assert {m.line for m in mutate.candidates("f.py", SNIPPET, lines_allowed={4})} == {4}
+
+
+def test_every_fix_command_undoes_its_mutation():
+    lines = SNIPPET.split("\n")
+    for m in mutate.candidates("f.py", SNIPPET):
+        broken = mutate.apply(SNIPPET, m).split("\n")
+        start, end, text = mutate.fix_command(m).split(" ", 4)[2:5]
+        fixed, _ = edit_lines(broken, int(start), int(end), text.removeprefix("<<<").strip())
+        assert fixed == lines, m
+
+
+def test_edit_lines_indentation_newlines_insert_and_delete():
+    lines = ["def f(x):", "    y = 1", "    return y"]
+    # New lines take line START's indentation, plus 4 spaces per leading \t; \n separates lines.
+    assert edit_lines(lines, 2, 2, r"if x:\n\ty = 2\nelse:\n\ty = 3")[0] == [
+        "def f(x):", "    if x:", "        y = 2", "    else:", "        y = 3", "    return y"]
+    assert edit_lines(lines, 3, 2, "y += x") == (["def f(x):", "    y = 1", "    y += x", "    return y"], 1)
+    assert edit_lines(lines, 2, 2, "") == (["def f(x):", "    return y"], 0)
+    with pytest.raises(ValueError, match="not a range"):
+        edit_lines(lines, 3, 5, "x")
+
+
+# ----------------------------------------------------------------- built tasks (local package)
+@pytest.fixture(scope="session")
+def calc_tasks(tmp_path_factory):
+    """Tasks built from the local calc package: {level: [GameSpec]} plus the options used."""
+    root = tmp_path_factory.mktemp("swe")
+    opts = {"packages": [SPEC], "cache_dir": str(seed_cache(root / "cache")), "p2p": 2, "timeout": 20.0}
+    built = {"any-f1": swe.build_games("any-f1", "train", [50001, 50002, 50003], root / "any-f1" / "train", opts),
+             "any-f2": swe.build_games("any-f2", "train", [50001], root / "any-f2" / "train", opts)}
+    return built, opts
+
+
+def test_tasks_hold_failing_and_passing_tests_and_an_issue_without_the_diff(calc_tasks):
+    built, _ = calc_tasks
+    for level, games in built.items():
+        keys = set()
+        for game in games:
+            task = tasks.read_task(game.path)
+            assert len(task["mutations"]) == int(level[-1])
+            assert len({m["file"] for m in task["mutations"]}) == len(task["mutations"])
+            assert task["FAIL_TO_PASS"] and not set(task["FAIL_TO_PASS"]) & set(task["PASS_TO_PASS"])
+            for m in task["mutations"]:
+                assert m["original"].strip() not in task["issue"] and (m["mutated"] or "@@").strip() not in task["issue"]
+                keys.add((m["file"], m["line"], m["mutated"]))
+            assert task["FAIL_TO_PASS"][0] in task["issue"]
+            assert game.expert_plan[-2:] == ("run_tests", "submit")
+        # No two tasks of a level and split share a bug.
+        assert len(keys) == sum(len(json.loads(Path(g.path).read_text())["mutations"]) for g in games)
+
+
+def test_expert_resolves_every_task_and_dense_rewards_sum_to_the_pass_ratio(calc_tasks):
+    built, opts = calc_tasks
+    env = swe.make_env(opts)
+    try:
+        for game in built["any-f1"] + built["any-f2"]:
+            check_plan(env, game)  # the build's own check: the plan wins
+            obs = env.reset(game)
+            deltas = []
+            for action in game.expert_plan:
+                assert action in obs.admissible_commands, (action, obs.admissible_commands)
+                obs, reward, done, info = env.step(action)
+                deltas.append(reward)
+                assert not info["invalid"]
+            assert done and obs.won and obs.score == 1.0
+            dense = turn_rewards(deltas, obs.won, [False] * len(deltas), obs.max_score, RewardConfig(mode="dense"))
+            assert sum(dense) == pytest.approx(1.0)
+            assert env.folder is None  # removed at submit
+    finally:
+        env.close()
+
+
+def test_unfixed_submit_scores_the_pass_ratio_and_is_not_resolved(calc_tasks):
+    built, opts = calc_tasks
+    game = built["any-f1"][0]
+    task = tasks.read_task(game.path)
+    env = swe.make_env(opts)
+    obs = env.reset(game)
+    assert obs.score == 0.0 and obs.objective == task["issue"]
+    obs, reward, done, info = env.step("submit")
+    n_p2p, n = len(task["PASS_TO_PASS"]), len(task["FAIL_TO_PASS"]) + len(task["PASS_TO_PASS"])
+    assert done and not obs.won and obs.lost
+    assert reward == pytest.approx(n_p2p / n) and info["pass_ratio"] == pytest.approx(n_p2p / n)
+    env.close()
+
+
+def test_admissible_edits_are_bounded_sorted_and_hold_the_fix_only_in_view(calc_tasks):
+    built, opts = calc_tasks
+    env = swe.make_env(opts)
+    for game in built["any-f1"]:
+        task = tasks.read_task(game.path)
+        m = mutate.Mutation(**task["mutations"][0])
+        obs = env.reset(game)
+        fix = mutate.fix_command(m)
+        assert fix not in obs.admissible_commands  # nothing open yet
+        for action in game.expert_plan[:-3]:
+            obs, *_ = env.step(action)
+        edits = [c for c in obs.admissible_commands if c.startswith("edit ")]
+        assert fix in edits and len(edits) <= opts.get("candidate_edits", swe.DEFAULTS["candidate_edits"])
+        assert list(obs.admissible_commands) == sorted(obs.admissible_commands)
+        obs, *_ = env.step(fix)
+        assert fix not in obs.admissible_commands  # the file changed: only distractors now
+    env.close()
+    assert len(edits) > 1  # distractors are offered too
+
+
+def test_a_second_reset_gives_the_same_observation(calc_tasks):
+    built, opts = calc_tasks
+    env = swe.make_env(opts)
+    first = env.reset(built["any-f1"][0])
+    env.step("run_tests")
+    assert env.reset(built["any-f1"][0]) == first
+    env.close()
+
+
+def test_test_files_cannot_be_edited_and_are_restored(calc_tasks):
+    built, opts = calc_tasks
+    game = built["any-f1"][0]
+    env = swe.make_env(opts)
+    env.reset(game)
+    obs, _, _, info = env.step("edit tests/test_calc.py 1 1 <<< import calc")
+    assert info["invalid"] and "test file" in obs.text
+    env.close()
+
+
+def test_task_folder_without_its_test_list_is_a_clear_error(calc_tasks, tmp_path):
+    built, opts = calc_tasks
+    src = Path(built["any-f1"][0].path).parent
+    broken = tmp_path / "broken-task"
+    shutil.copytree(src, broken)
+    task = json.loads((broken / "task.json").read_text())
+    del task["FAIL_TO_PASS"]
+    (broken / "task.json").write_text(json.dumps(task))
+    env = swe.make_env(opts)
+    with pytest.raises(ValueError, match=rf"{broken}/task.json: SWE task without its FAIL_TO_PASS"):
+        env.reset(GameSpec(path=str(broken / "task.json"), level="any-f1", env="swe"))
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path}: not a SWE task folder"):
+        tasks.read_task(tmp_path)
+
+
+def test_package_whose_tests_fail_is_skipped_with_a_message(tmp_path):
+    files = dict(CALC)
+    files["tests/test_calc.py"] += "\n\ndef test_already_broken():\n    assert add(1, 1) == 3\n"
+    cache = seed_cache(tmp_path / "cache", files, spec="brokencalc==0.1")
+    seed_cache(cache)  # the good one beside it
+    opts = {"packages": ["brokencalc==0.1", SPEC], "cache_dir": str(cache), "p2p": 1}
+    with pytest.warns(UserWarning, match=r"skipping package: brokencalc==0.1: its own tests do not pass before "
+                                         r"mutation: 1 of 12 tests fail"):
+        games = swe.build_games("cmp-f1", "train", [50001], tmp_path / "cmp-f1" / "train", opts)
+    assert tasks.read_task(games[0].path)["package"] == SPEC
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="no usable package"):
+            swe.build_games("cmp-f1", "train", [50001], tmp_path / "x", {**opts, "packages": ["brokencalc==0.1"]})
+
+
+def test_episode_folders_are_removed_on_close_and_after_a_crash(calc_tasks):
+    built, opts = calc_tasks
+    env = swe.make_env(opts)
+    env.reset(built["any-f1"][0])
+    folder = env.folder
+    assert folder.is_dir() and folder.parent == WORKDIR
+    env.reset(built["any-f1"][1])  # a new episode removes the last one
+    assert not folder.exists()
+    folder = env.folder
+    env.close()
+    assert not folder.exists()
+    # A worker killed hard leaves its folder; the next env (any process) sweeps it.
+    proc = subprocess.run(["python3", "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = WORKDIR / f"{proc.stdout.strip()}-abc"
+    (stale / "repo").mkdir(parents=True)
+    assert sweep_stale() >= 1 and not stale.exists()
+    mine = WORKDIR / f"{os.getpid()}-live"
+    mine.mkdir()
+    sweep_stale()
+    assert mine.exists()  # a live process's folder stays
+    mine.rmdir()

@@ -1,0 +1,166 @@
+"""The SWE sandbox: every escape an agent's edit can try is contained, and counted.
+
+Each test plants the escape in the package's `add` (through the env's `edit` command, as an
+agent would) and runs the tests with `run_tests`; tests/test_calc.py::test_add calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrecipe.envs import swe
+from agentrecipe.envs.base import GameSpec
+from agentrecipe.envs.swe.sandbox import ISOLATION, Limits, make_pids_cgroup, remove_pids_cgroup, resolve_inside, run_limited
+from tests.swe_fixture import CALC, SPEC
+
+ADD_LINE = 5  # `    return a + b` in calc/ops.py
+
+
+@pytest.fixture
+def task(tmp_path) -> GameSpec:
+    """A hand-written task on the calc package: test_add must pass, test_shout is a PASS_TO_PASS test."""
+    folder = tmp_path / "task"
+    for rel, text in CALC.items():
+        (folder / "repo" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "repo" / rel).write_text(text)
+    (folder / "task.json").write_text(json.dumps({
+        "package": SPEC, "mutations": [], "FAIL_TO_PASS": ["tests/test_calc.py::test_add"],
+        "PASS_TO_PASS": ["tests/test_calc.py::test_shout"], "issue": "test_add fails",
+        "sources": ["calc/ops.py", "calc/text.py"], "test_files": ["tests/test_calc.py"], "expert_plan": []}))
+    return GameSpec(path=str(folder / "task.json"), level="any-f1", env="swe")
+
+
+def plant(env, code: str):
+    """Replace `add`'s body by `code` (\\n-separated lines), then run the tests."""
+    obs, _, _, info = env.step(f"edit calc/ops.py {ADD_LINE} {ADD_LINE} <<< {code}")
+    assert not info["invalid"], obs.text
+    start = time.perf_counter()
+    obs, reward, done, info = env.step("run_tests")
+    return obs, info, time.perf_counter() - start
+
+
+def test_paths_outside_the_repository_are_refused_and_counted(task, tmp_path):
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    (env.root / "link").symlink_to(tmp_path)
+    for action in ["open ../../secret.txt", "open /etc/passwd", "ls ..", "open link/secret.txt",
+                   "edit ../task.json 1 1 <<< {}", "search x/../../"]:
+        obs, _, _, info = env.step(action)
+        if action.startswith("search"):  # search reads only files inside; nothing to refuse
+            assert not info["invalid"]
+            continue
+        assert info["invalid"] and "Path refused" in obs.text, (action, obs.text)
+        assert "secret" not in obs.text.replace("secret.txt", "")
+    assert env.stats["refused_paths"] == 5
+    assert json.loads(Path(task.path).read_text())["FAIL_TO_PASS"]  # untouched
+    with pytest.raises(ValueError):
+        resolve_inside(env.root, "calc/../../x")
+    env.close()
+
+
+def test_an_infinite_loop_is_stopped_at_the_time_limit(task):
+    env = swe.make_env({"packages": [SPEC], "timeout": 3.0})
+    env.reset(task)
+    obs, info, seconds = plant(env, r"while True:\n\tpass")
+    assert info["sandbox"]["contained"] == "timeout" and env.stats["timeout"] == 1
+    assert "time limit" in obs.text and info["pass_ratio"] == 0.0
+    assert seconds < 3.0 + 10.0  # killed, not waited for (slack for a loaded machine)
+    env.close()
+
+
+def test_a_fork_bomb_stops_at_the_process_limit_and_leaves_nothing_behind(task):
+    env = swe.make_env({"packages": [SPEC], "nproc": 8, "timeout": 20.0})
+    env.reset(task)
+    # A bounded bomb: up to 64 children that each sleep; the limit refuses most of them.
+    code = (r"import os, time\nfor i in range(64):\n\ttry:\n\t\tpid = os.fork()\n\texcept OSError:\n"
+            r"\t\topen('forks.txt', 'a').write('refused' + chr(10))\n\t\treturn -1\n\tif pid == 0:\n"
+            r"\t\topen('forks.txt', 'a').write(f'child {os.getpid()}' + chr(10))\n\t\ttime.sleep(60)\n"
+            r"\t\tos._exit(0)\nreturn a + b")
+    obs, info, _ = plant(env, code)
+    log = (env.root / "forks.txt").read_text().split("\n")
+    children = [int(line.split()[1]) for line in log if line.startswith("child")]
+    # RLIMIT_NPROC counts all of the user's processes (set to those at the start + 8); other
+    # processes of the user that end meanwhile free slots, hence the slack.
+    assert "refused" in log and len(children) <= 8 + 16
+    if (group := make_pids_cgroup(1)) is not None:
+        remove_pids_cgroup(group)  # (as root) a pids cgroup of its own: exactly 7 + pytest itself
+        assert len(children) == 7
+    assert info["pass_ratio"] == 0.5  # test_add failed (add returned -1), test_shout passed
+    for pid in children:  # killed with the run's process group
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "zombie" in status.read_text(), pid
+    env.close()
+
+
+def test_huge_output_is_cut_and_the_run_stopped():
+    # At the pipe: past max_output bytes the run is killed and what was kept returned.
+    start = time.perf_counter()
+    res = run_limited([sys.executable, "-c", "while True: print('x' * 1000)"], "/tmp",
+                      Limits(wall_s=30, max_output=10_000))
+    assert res.output_limited and res.contained == "output" and len(res.output) <= 10_000
+    assert time.perf_counter() - start < 15
+
+
+def test_huge_output_from_a_test_is_stopped_by_the_file_size_limit(task):
+    # pytest captures a test's output in a file: RLIMIT_FSIZE (64 MiB) stops the writes there
+    # (Python ignores SIGXFSZ, so the write fails with EFBIG and the test fails).
+    env = swe.make_env({"packages": [SPEC], "timeout": 20.0})
+    env.reset(task)
+    obs, info, _ = plant(env, r"import os\nfor _ in range(200):\n\tos.write(1, b'x' * 2**20)\nreturn a + b")
+    assert info["pass_ratio"] == 0.5 and "File too large" in obs.text, obs.text
+    assert len(obs.text) <= swe.DEFAULTS["max_obs_chars"] + 60
+    env.close()
+
+
+def test_memory_is_limited(task):
+    env = swe.make_env({"packages": [SPEC], "memory_mb": 1024})
+    env.reset(task)
+    obs, info, _ = plant(env, r"x = bytearray(8 * 2**30)\nreturn a + b")
+    assert info["pass_ratio"] == 0.5 and "MemoryError" in obs.text
+    env.close()
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="no network namespace without root: proxies are only unset")
+def test_a_test_cannot_reach_the_network(task):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.2)
+    port = server.getsockname()[1]
+    accepted = []
+
+    def serve():
+        deadline = time.time() + 30
+        while time.time() < deadline and not accepted:
+            try:
+                accepted.append(server.accept())
+            except socket.timeout:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    obs, info, _ = plant(env, rf"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\nreturn a + b")
+    assert info["pass_ratio"] == 0.5 and ("OSError" in obs.text or "ConnectionRefused" in obs.text), obs.text
+    accepted.append(None)  # stop the server
+    thread.join(5)
+    assert accepted == [None]  # nobody connected
+    server.close()
+    env.close()
+
+
+def test_environment_variables_do_not_leak(task, monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("SECRET_TOKEN", "abc")
+    res = run_limited([sys.executable, "-c", "import os; print(sorted(os.environ))"], "/tmp", Limits())
+    assert "HTTPS_PROXY" not in res.output and "SECRET_TOKEN" not in res.output
