@@ -24,7 +24,6 @@ pad a rank with fewer sequences, or none), so no collective waits forever.
 from __future__ import annotations
 
 import math
-import os
 import random
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from agentrecipe import dist
 from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.algos.advantages import compute_advantages, step_group_stats, zero_variance_fraction
 from agentrecipe.algos.losses import aggregate, explained_variance, kl_penalty, masked_mean, policy_loss, value_loss
@@ -206,7 +206,7 @@ def rl_train(
     """Train the policy in `policy_dir`; return (actor engine, tokenizer, first step run).
 
     With `valid_games`, greedy episodes on them every `rl.eval_every` steps log `valid/*`."""
-    rl, rank = run.rl, int(os.environ.get("RANK", "0"))
+    rl, rank = run.rl, dist.rank()
     model, tokenizer = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
     encoder = PromptEncoder(tokenizer, run.agent.show_admissible, run.agent.history)
     vocab = unwrap(model).get_output_embeddings().weight.shape[0]

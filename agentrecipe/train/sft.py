@@ -8,7 +8,6 @@ averages the gradients.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
+from agentrecipe import dist
 from agentrecipe.config import DeepSpeedConfig, SFTConfig
 from agentrecipe.train.engine import ds_config, make_engine
 from agentrecipe.train.logprobs import constrained_logprobs, lm_logits_at, pack, pad_batch
@@ -54,7 +54,7 @@ def sft_train(
     log: Callable[[int, dict], None] | None = None,
 ):
     """Fine-tune `model` on `rows` (input_ids, action_mask); return the DeepSpeed engine."""
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank, world = dist.rank(), dist.world_size()
     # -- derived sizes
     steps_per_epoch = max(1, -(-len(rows) // cfg.batch_size))
     total_steps = steps_per_epoch * cfg.epochs
