@@ -29,9 +29,6 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- env
-CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)$")
-COOKING_LEVEL = re.compile(r"^cooking-r(\d+)-t(\d+)-g(\d+)$")
-SIMPLE_LEVEL = re.compile(r"^simple(-(dense|balanced|sparse))?(-(detailed|brief|none))?$")
 REMOTE_URL = re.compile(r"^https?://[^/\s:]+(:\d+)?/?$")
 
 
@@ -83,54 +80,19 @@ class EnvConfig:
         for url in self.remote:
             _check(isinstance(url, str) and bool(REMOTE_URL.match(url)), "env.remote",
                    f"{url!r} is not a server URL; use http://HOST:PORT (what `agentrecipe serve-env` prints)")
-        if self.name == "textworld":
-            for key in ("levels", "ood_levels"):
-                for lvl in getattr(self, key):
-                    _check(
-                        bool(CUSTOM_LEVEL.match(lvl) or COOKING_LEVEL.match(lvl) or SIMPLE_LEVEL.match(lvl)),
-                        f"env.{key}",
-                        f"unknown TextWorld level {lvl!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
-                        "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG",
-                    )
-                    custom, cooking = CUSTOM_LEVEL.match(lvl), COOKING_LEVEL.match(lvl)
-                    _check(not custom or all(int(n) >= 1 for n in custom.groups()), f"env.{key}",
-                           f"{lvl!r}: rooms, objects and quest length must be >= 1")
-                    _check(not cooking or int(cooking.group(3)) in (1, 6, 9, 12), f"env.{key}",
-                           f"{lvl!r}: tw-cooking's number of rooms (g) must be 1, 6, 9 or 12")
-        if self.name == "alfworld":
-            from agentrecipe.envs import alfworld
+        # Levels (and options) are checked by the family itself: one grammar per family.
+        from agentrecipe.envs.registry import get_family
 
-            for key in ("levels", "ood_levels"):
-                for lvl in getattr(self, key):
-                    try:
-                        alfworld.check_level(lvl)
-                    except ValueError as e:
-                        raise ConfigError(f"env.{key}: {e}") from None
+        family = get_family(self.name)
+        for key in ("levels", "ood_levels"):
+            for lvl in getattr(self, key):
+                try:
+                    family.check_level(lvl)
+                except ValueError as e:
+                    raise ConfigError(f"env.{key}: {e}") from None
+        if hasattr(family, "options_of"):
             try:
-                alfworld.options_of(self.alfworld)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-        if self.name in ("babyai", "sciworld", "textcraft"):  # levels checked by the family itself
-            from agentrecipe.envs.registry import get_family
-
-            family = get_family(self.name)
-            for key in ("levels", "ood_levels"):
-                for lvl in getattr(self, key):
-                    try:
-                        family.check_level(lvl)
-                    except ValueError as e:
-                        raise ConfigError(f"env.{key}: {e}") from None
-        if self.name == "swe":
-            from agentrecipe.envs import swe
-
-            for key in ("levels", "ood_levels"):
-                for lvl in getattr(self, key):
-                    try:
-                        swe.check_level(lvl)
-                    except ValueError as e:
-                        raise ConfigError(f"env.{key}: {e}") from None
-            try:
-                swe.options_of(self.swe)
+                family.options_of(self.family_options)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         # Seed ranges of the splits must never overlap.

@@ -126,9 +126,16 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                         logger.info(text)
         except BaseException:
             proc.kill()
-            run(dvc("queue", "kill", *names), project, env)  # Ctrl-C to each running point's process group
-            run(dvc("queue", "stop"), project, env)
-            run(dvc("queue", "remove", "--queued"), project, env)
+            run(dvc("queue", "stop"), project, env)  # first: no worker takes another point
+            # A point a worker was starting while we stopped it turns up as running a moment later:
+            # kill (Ctrl-C to each running point's process group) and clear until nothing is left.
+            for _ in range(5):
+                run(dvc("queue", "kill", *names), project, env)
+                run(dvc("queue", "remove", "--queued"), project, env)
+                status = run(dvc("queue", "status"), project, env).stdout
+                if "Running" not in status and "Queued" not in status:
+                    break
+                time.sleep(2.0)
             raise
 
 

@@ -20,9 +20,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from agentrecipe.config import COOKING_LEVEL, CUSTOM_LEVEL, SIMPLE_LEVEL
 from agentrecipe.envs.base import GameSpec, Observation
 
+CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)$")
+COOKING_LEVEL = re.compile(r"^cooking-r(\d+)-t(\d+)-g(\d+)$")
+SIMPLE_LEVEL = re.compile(r"^simple(-(dense|balanced|sparse))?(-(detailed|brief|none))?$")
 COOKING_ROOMS = (1, 6, 9, 12)
 MAX_ACTION_CHARS = 200
 UNKNOWN_VERB = "That's not a verb I recognise."

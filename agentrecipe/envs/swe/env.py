@@ -48,7 +48,7 @@ from typing import Any
 from agentrecipe.envs.base import GameSpec, Observation
 from agentrecipe.envs.swe import mutate
 from agentrecipe.envs.swe.packages import run_tests as pytest_run
-from agentrecipe.envs.swe.sandbox import Limits, remove_tree, resolve_inside
+from agentrecipe.envs.swe.sandbox import Limits, cpu_limit, remove_tree, resolve_inside
 from agentrecipe.envs.swe.tasks import PAGE_JUMPS, fits_action, read_task
 
 EDIT = re.compile(r"^edit (\S+) (\d+) (\d+) <<<(?: ?(.*))?$")
@@ -103,7 +103,7 @@ class SWEEnv:
         self.opts = opts
         self.window = int(opts["window"])
         self.max_chars = int(opts["max_obs_chars"])
-        self.limits = Limits(wall_s=float(opts["timeout"]), cpu_s=int(opts["timeout"]),
+        self.limits = Limits(wall_s=float(opts["timeout"]), cpu_s=cpu_limit(opts["timeout"]),
                              memory_mb=int(opts["memory_mb"]), nproc=int(opts["nproc"]),
                              max_output=int(opts["max_output"]))
         self.stats: Counter = Counter()

@@ -71,6 +71,12 @@ class RunResult:
         return "timeout" if self.timed_out else "output" if self.output_limited else ""
 
 
+def cpu_limit(wall_s: float) -> int:
+    """RLIMIT_CPU for a run limited to `wall_s` seconds: a little above it, so a single-threaded
+    runaway is always stopped (and counted) by the wall-time limit; the CPU limit catches threads."""
+    return int(wall_s) + 2
+
+
 def _can_isolate() -> bool:
     return sys.platform == "linux" and os.geteuid() == 0
 

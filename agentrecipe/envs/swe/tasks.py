@@ -39,7 +39,7 @@ from pathlib import Path
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.envs.swe import mutate
 from agentrecipe.envs.swe.packages import BrokenPackage, Package, prepare, run_tests
-from agentrecipe.envs.swe.sandbox import Limits
+from agentrecipe.envs.swe.sandbox import Limits, cpu_limit
 
 LEVEL = re.compile(r"^(any|" + "|".join(mutate.KINDS) + r")-f([1-9]\d*)$")
 MAX_FILES = 3
@@ -129,7 +129,7 @@ class Builder:
 
     def __init__(self, opts: dict) -> None:
         self.opts = opts
-        self.limits = Limits(wall_s=float(opts["build_timeout"]), cpu_s=int(opts["build_timeout"]),
+        self.limits = Limits(wall_s=float(opts["build_timeout"]), cpu_s=cpu_limit(opts["build_timeout"]),
                              memory_mb=int(opts["memory_mb"]), nproc=int(opts["nproc"]),
                              max_output=int(opts["max_output"]))
         self.scratch: dict[str, Path] = {}
