@@ -38,10 +38,11 @@ run: install
 	$(VENV)/bin/dvc repro
 	$(PY) -m agentrecipe.cli show-results
 
-# PYTEST_ARGS narrows a run, e.g. make test PYTEST_ARGS='-x tests/test_rl.py'
+# Two pytest workers (pytest-xdist), one per core; PYTEST_ARGS narrows a run,
+# e.g. make test PYTEST_ARGS='-x tests/test_rl.py' (add -n 0 for one process).
 PYTEST_ARGS ?=
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 params: install
 	$(PY) -m agentrecipe.cli compose-params
