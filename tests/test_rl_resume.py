@@ -4,7 +4,6 @@ and pure RL (no demonstrations) runs through gen_sft_data and sft (issue 13, iss
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.dvc_project import copy_project
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = list(range(1, 6))  # micro with 20 RL episodes of 2 games x 2 rollouts: 5 steps, a checkpoint each
@@ -21,20 +22,6 @@ def run(cmd: list[str], cwd: Path, env: dict) -> str:
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
     return res.stdout + res.stderr
-
-
-def copy_project(dst: Path, env: dict) -> Path:
-    """A git + DVC copy of the project's files (tracked and untracked, not ignored)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, dst / f)
-    run(["git", "init", "-q"], dst, env)
-    run(["git", "add", "-A"], dst, env)
-    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst, env)
-    return dst
 
 
 def logged_steps(project: Path) -> list[int]:

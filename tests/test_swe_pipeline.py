@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import yaml
+
+from tests.dvc_project import copy_project
 
 from tests.test_pipeline_e2e import POLICIES, run
 
@@ -15,21 +16,8 @@ from tests.test_pipeline_e2e import POLICIES, run
 @pytest.fixture
 def swe_project(tmp_path_factory, subprocess_env):
     """The project copied like the TextWorld e2e test's, params composed from experiment=swe_micro."""
-    import shutil
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     dst = tmp_path_factory.mktemp("swe_project")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True,
-                           check=True).stdout.split()
-    for f in files:
-        if (root / f).is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(root / f, dst / f)
-    run(["git", "init", "-q"], dst, subprocess_env)
-    run(["git", "add", "-A"], dst, subprocess_env)
-    run(["git", "-c", "user.name=test", "-c", "user.email=test@example.com", "commit", "-qm", "project"], dst,
-        subprocess_env)
+    copy_project(dst, subprocess_env)
     run([sys.executable, "-m", "agentrecipe.cli", "compose-params", "experiment=swe_micro"], dst, subprocess_env)
     return dst
 
