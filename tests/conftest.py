@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 TW_LEVELS = {"custom": "w2-o3-q2", "simple": "simple-dense-detailed", "cooking": "cooking-r1-t1-g1"}
@@ -16,6 +18,16 @@ def tw_games(tmp_path_factory) -> dict:
     return {kind: build_games(level, "test", [7], root / kind, {})[0] for kind, level in TW_LEVELS.items()}
 
 
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each worker gets its share of the cores for torch (oversubscribed OpenMP
+    threads spin); stage subprocesses get one thread each (`subprocess_env`)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -23,7 +35,6 @@ DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
 def subprocess_env() -> dict:
     """Environment for stage subprocesses: without the torch.distributed variables that an in-process
     DeepSpeed engine of an earlier test left behind (the child would try to bind the same MASTER_PORT)."""
-    import os
     import sys
     from pathlib import Path
 
