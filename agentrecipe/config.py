@@ -289,6 +289,9 @@ class RLConfig:
     checkpoint_every: int = 10
     eval_every: int = 5
     """Greedy episodes on the valid split every this many steps (and after the last): `valid/*` curves. 0: off."""
+    keep_best: bool = False
+    """Export the model of the best validation (valid success, then score; the earlier on a tie) instead
+    of the last step's."""
     max_failed_share: float = 0.1
     """The run stops once more than this share of its episodes failed (broken games or environments)."""
     seed: int = 0
@@ -321,6 +324,8 @@ class RLConfig:
         _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
         _check(self.eval_every >= 0, "rl.eval_every", "must be >= 0 (0 turns validation off)")
         _check(0 <= self.max_failed_share <= 1, "rl.max_failed_share", "must be in [0, 1]")
+        _check(not self.keep_best or self.eval_every > 0, "rl.keep_best",
+               "keeps the best validated model: needs rl.eval_every > 0")
 
     @property
     def episodes_per_step(self) -> int:

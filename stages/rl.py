@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.rollout import make_backend
-from agentrecipe.train.checkpoint import checkpoint_step, copy_model, latest_checkpoint, save_hf
+from agentrecipe.train.checkpoint import BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf
 from agentrecipe.train.rl import RLRun, num_steps, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
                            stage_fingerprint, torch_threads)
@@ -53,6 +53,14 @@ def failure_guard(log, limit: float, episodes_per_step: int):
                      "the last checkpoint is kept, fix them and rerun")
 
     return guarded
+
+
+def export_best(checkpoint_dir: Path, out: str) -> None:
+    """rl.keep_best: the best validated model (with its best.json) becomes the stage's model."""
+    best = read_best(checkpoint_dir)
+    copy_model(checkpoint_dir / BEST_DIR, out)
+    print(f"rl: keep_best: exported the model of step {best['step']} (valid success {best['valid/success']:.2f}, "
+          f"score {best['valid/score']:.2f}), not the last step's")
 
 
 def main() -> None:
@@ -103,7 +111,8 @@ def main() -> None:
             print(f"rl: no DVCLive history beside {ckpt}: the curves start after step {first}")
     if first >= n_steps:
         if rank0:
-            copy_model(ckpt / "model", args.out)
+            export_best(run.checkpoint_dir, args.out) if rl.keep_best and read_best(run.checkpoint_dir) else \
+                copy_model(ckpt / "model", args.out)
         print(f"rl: this config (fingerprint {fingerprint}: the same params, code and inputs) already trained all "
               f"{n_steps} steps; DVC reran the stage (dvc repro -f, or its outputs were removed): its final checkpoint "
               f"{ckpt} and its curves are written out unchanged, no step is run. "
@@ -124,7 +133,11 @@ def main() -> None:
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
                                            lambda m, t: make_backend(run.rollout.backend, m, t), guarded,
                                            valid_games=valid_games)
-        save_hf(actor, tokenizer, Path(args.out))
+        if rl.keep_best and read_best(run.checkpoint_dir):
+            if rank0:
+                export_best(run.checkpoint_dir, args.out)
+        else:
+            save_hf(actor, tokenizer, Path(args.out))
         print(f"rl: {rl.algo}, steps {first + 1}..{n_steps} of {n_steps} "
               f"({(n_steps - first) * rl.episodes_per_step} episodes this run), "
               f"{pool.failures} env failures, {time.time() - start:.1f}s -> {args.out}")

@@ -89,3 +89,8 @@ def test_budget_split(fraction, demos, episodes):
 def test_budget_split_rounds_demos_down():
     b = BudgetConfig(total_units=105, demo_cost=10, sft_fraction=0.5)  # 52.5 units -> 5 demos, 55 episodes
     assert (b.n_demos, b.rl_episodes) == (5, 55)
+
+
+def test_keep_best_needs_validation():
+    with pytest.raises(ConfigError, match="rl.keep_best: keeps the best validated model"):
+        parse_config({"rl": {"keep_best": True, "eval_every": 0}}, ["rl"])

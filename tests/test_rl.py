@@ -88,3 +88,38 @@ def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy
     assert last >= 0.75 and last >= first + 0.3, f"{algo}: sampled success {first:.2f} -> {last:.2f}"
     # and the trained policy wins greedily
     assert greedy_success(unwrap(actor), load_model(policy_dir)[1], cue_pool, agent) == 1.0
+
+
+def test_keep_best_keeps_the_best_validated_model(policy_dir, cue_pool, tmp_path):
+    from agentrecipe.models.registry import load_model
+    from agentrecipe.train.checkpoint import BEST_DIR, read_best
+
+    agent = AgentConfig(history=2, max_context=512)
+    rl = RLConfig(algo="grpo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=16, checkpoint_every=1000,
+                  eval_every=2, keep_best=True, seed=0)
+    run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(),
+                levels=["cue"], n_steps=8, checkpoint_dir=tmp_path / "ckpt", fingerprint="best")
+    log = []
+    rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
+             log=lambda step, stats: log.append(stats), progress=False, valid_games=GAMES)
+    validated = [(i + 1, s["valid/success"], s["valid/score"]) for i, s in enumerate(log) if "valid/success" in s]
+    assert [v[0] for v in validated] == [2, 4, 6, 8]
+    top = max((v[1], v[2]) for v in validated)
+    want = next(v for v in validated if (v[1], v[2]) == top)  # the earliest of the best
+    best = read_best(tmp_path / "ckpt")
+    assert best == {"step": want[0], "valid/success": want[1], "valid/score": want[2]}
+    assert log[-1]["valid/best_step"] == want[0]
+    # the kept weights are the validated ones: greedy success on the valid games is reproduced
+    model, tok = load_model(tmp_path / "ckpt" / BEST_DIR)
+    assert greedy_success(model, tok, cue_pool, agent) == want[1]
+
+
+def test_is_better_prefers_success_then_score_and_keeps_the_earlier_on_a_tie():
+    from agentrecipe.train.checkpoint import is_better
+
+    best = {"step": 4, "valid/success": 0.5, "valid/score": 0.6}
+    assert is_better({"valid/success": 0.5, "valid/score": 0.7}, best)
+    assert is_better({"valid/success": 0.6, "valid/score": 0.0}, best)
+    assert not is_better({"valid/success": 0.5, "valid/score": 0.6}, best)
+    assert not is_better({"valid/success": 0.4, "valid/score": 1.0}, best)
+    assert is_better({"valid/success": 0.0, "valid/score": 0.0}, None)

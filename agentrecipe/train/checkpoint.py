@@ -257,6 +257,43 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> int:
     return int(state["step"])
 
 
+# --------------------------------------------------------------- best model
+BEST_DIR = "best"
+"""Under a run's checkpoint folder: the model of the best validation so far (rl.keep_best)."""
+BEST_FILE = "best.json"
+"""In that folder (and in the exported model): the step and validation figures it was kept for."""
+
+
+def read_best(root: str | Path) -> dict | None:
+    """{"step", "valid/success", "valid/score"} of the kept best model under `root`, None if there is none."""
+    try:
+        best = json.loads((Path(root) / BEST_DIR / BEST_FILE).read_text())
+        return {"step": int(best["step"]), "valid/success": float(best["valid/success"]),
+                "valid/score": float(best["valid/score"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_better(stats: dict, best: dict | None) -> bool:
+    """Higher valid success, then higher valid score; a tie keeps the earlier model."""
+    if best is None:
+        return True
+    return (stats["valid/success"], stats["valid/score"]) > (best["valid/success"], best["valid/score"])
+
+
+def save_best(root: str | Path, step: int, actor, tokenizer, stats: dict) -> Path:
+    """Write the model as `root/best` with its best.json, replacing the previous best (every rank
+    calls it: ZeRO-3 gathers the weights; rank 0 writes)."""
+    root = Path(root)
+    new = save_hf(actor, tokenizer, root / (BEST_DIR + ".new"))
+    if int(os.environ.get("RANK", "0")) == 0:
+        record = {"step": step, "valid/success": stats["valid/success"], "valid/score": stats["valid/score"]}
+        (new / BEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        replace_dir(new, root / BEST_DIR)
+    _barrier()
+    return root / BEST_DIR
+
+
 def _barrier() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from pathlib import Path
 
 import torch
 
@@ -21,9 +23,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+STALE_LOCK_SECONDS = 900
+"""A torch extension build lock older than this was left by a killed build (one takes about a minute)."""
+
+
+def extensions_dir() -> Path:
+    """Where torch builds and caches C++ extensions (DeepSpeed's CPU shm op among them)."""
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
+
+
+def clear_stale_build_locks(root: Path | None = None, max_age: float = STALE_LOCK_SECONDS) -> list[Path]:
+    """Remove extension build locks older than `max_age` seconds. A build killed midway leaves its
+    `lock` file behind, and every later DeepSpeed start then waits on it forever."""
+    removed = []
+    for lock in (root or extensions_dir()).glob("*/*/lock"):
+        try:
+            if time.time() - lock.stat().st_mtime > max_age:
+                lock.unlink()
+                removed.append(lock)
+                print(f"removed a stale torch extension build lock (left by a killed build): {lock}")
+        except OSError:
+            continue
+    return removed
+
+
 def init_distributed() -> None:
     """Set up torch.distributed once (single process unless a launcher says otherwise)."""
     import deepspeed
+
+    clear_stale_build_locks()
 
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")

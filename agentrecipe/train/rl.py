@@ -43,7 +43,8 @@ from agentrecipe.models.registry import load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, turn_limit
-from agentrecipe.train.checkpoint import full_state_dict, latest_checkpoint, load_rl_checkpoint, save_rl_checkpoint
+from agentrecipe.train.checkpoint import (full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint, read_best,
+                                         save_best, save_rl_checkpoint)
 from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.dynamic_sampling import dynamic_sampling
@@ -224,6 +225,11 @@ def rl_train(
     if ckpt is not None:
         start_step = load_rl_checkpoint(ckpt, actor, critic)
         print(f"rl: resumed from {ckpt} (after step {start_step})")
+    # rl.keep_best: the best validated model so far; one kept after the resumed checkpoint's step is
+    # from steps that are now replayed, so it no longer stands
+    best = read_best(run.checkpoint_dir) if rl.keep_best else None
+    if best is not None and best["step"] > start_step:
+        best = None
     # Under ZeRO-3 the HF backend generates with a gathered copy of the policy: rollouts then run
     # no collectives, so ranks whose episodes take different numbers of turns and tokens never wait
     # on each other (one gather per step, on every rank, instead of one per generated token).
@@ -419,6 +425,11 @@ def rl_train(
             t6 = time.time()
             stats.update(validation_stats(valid_games, backend, encoder, timed_pool, run.agent, run.rollout.max_turns))
             stats["perf/validation_seconds"] = time.time() - t6
+            if rl.keep_best:
+                if is_better(stats, best):
+                    save_best(run.checkpoint_dir, step + 1, actor, tokenizer, stats)
+                    best = {"step": step + 1, "valid/success": stats["valid/success"], "valid/score": stats["valid/score"]}
+                stats["valid/best_step"] = float(best["step"])
         if log is not None:
             log(step + 1, stats)
         bar.update(1)
