@@ -254,3 +254,21 @@ def test_import_official_data(built, env, tmp_path, monkeypatch):
 
     with pytest.raises(FileNotFoundError, match="no official ALFWorld data"):
         family.build_games(level, "train", [1], out, {"data_dir": str(tmp_path / "missing")})
+
+
+def test_evaluate_reads_a_folder_of_alfworld_game_folders(built, tmp_path):
+    """`agentrecipe evaluate --games` on the official layout: every solvable game, its task type as its level."""
+    from agentrecipe.cli import main
+    from agentrecipe.eval.evaluate import games_from_folder
+
+    root = _official_fixture(built, tmp_path / "alfworld_data")
+    games = games_from_folder(root)
+    n_built = sum(len(g) for g in built.values())
+    assert len(games) == n_built + 1  # the unsolvable one is left out
+    assert {g.level for g in games} == set(S.TASK_TYPES) and all(g.env == "alfworld" and g.expert_plan for g in games)
+    out = tmp_path / "eval"
+    argv = ["evaluate", "--model", "expert", "--games", str(root), "--episodes", "1", "--workers", "1",
+            "--max-turns", "60", "--params", str(tmp_path / "absent.yaml"), "--out", str(out)]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())["expert"]
+    assert {lvl: metrics[lvl]["success"] for lvl in S.TASK_TYPES} == dict.fromkeys(S.TASK_TYPES, 1.0)

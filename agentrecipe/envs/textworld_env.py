@@ -65,6 +65,34 @@ def check_level(name: str) -> None:
     parse_level(name)
 
 
+LEVEL_KEY = "agentrecipe_level"
+"""The level name our builds write into a game's .json metadata (any foreign game lacks it)."""
+
+
+def level_from_metadata(metadata: dict[str, Any]) -> str | None:
+    """The level name of a game from its .json metadata, None when no level name describes it.
+
+    Our own games carry it (`LEVEL_KEY`); `tw-make tw-simple` games say their settings in their
+    uuid (``tw-simple-rDense+gDetailed+...``), `tw-make tw-cooking` games in `settings` (only
+    those that keep every other flag at its default have a level name). `tw-make custom` games
+    record neither size nor quest length."""
+    if isinstance(metadata.get(LEVEL_KEY), str):
+        return metadata[LEVEL_KEY]
+    uuid = str(metadata.get("uuid", ""))
+    if m := re.match(r"^tw-simple-r(\w+?)\+g(\w+?)\+", uuid):
+        name = f"simple-{m.group(1).lower()}-{m.group(2).lower()}"
+        return name if SIMPLE_LEVEL.match(name) else None
+    settings = metadata.get("settings")
+    if uuid.startswith("tw-cooking") and isinstance(settings, dict):
+        name = f"cooking-r{settings.get('recipe')}-t{settings.get('take')}-g{settings.get('go')}"
+        try:
+            _, defaults = parse_level(name)
+        except ValueError:
+            return None
+        return name if all(settings.get(k, v) == v for k, v in defaults.items() if k not in ("recipe", "take", "go")) else None
+    return None
+
+
 def intermediate_reward(name: str) -> bool:
     """Whether the score of a level's games can move before the win (else dense reward equals sparse)."""
     kind, settings = parse_level(name)
@@ -102,12 +130,14 @@ def _fix_serial(z8: Path) -> None:
         f.write(b"000000")
 
 
-def _drop_local_paths(meta: Path) -> None:
+def _finish_json(meta: Path, level: str) -> None:
     """TextWorld writes the absolute path of its grammar folder (inside this venv) into the game's
     .json, and playing never reads it: blanked, so the games' bytes do not depend on where the
-    project lives (DVC hashes and RL checkpoint fingerprints stay the same in every clone)."""
+    project lives (DVC hashes and RL checkpoint fingerprints stay the same in every clone). The
+    level name goes into the metadata, so a loose copy of the game still says what it is."""
     data = json.loads(meta.read_text())
     data["KB"]["text_grammars_path"] = ""
+    data.setdefault("metadata", {})[LEVEL_KEY] = level
     meta.write_text(json.dumps(data))
 
 
@@ -125,7 +155,7 @@ def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, o
         game, game_options = make_game(level, seed, path)
         compile_game(game, game_options)
         _fix_serial(path)
-        _drop_local_paths(path.with_suffix(".json"))
+        _finish_json(path.with_suffix(".json"), level)
         path.with_suffix(".ni").unlink(missing_ok=True)  # Inform 7 source, not needed to play
         plan = game.metadata.get("walkthrough") or game.walkthrough
         games.append(GameSpec(path=str(path), level=level, env="textworld", split=split, seed=seed,

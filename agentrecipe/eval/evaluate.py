@@ -166,13 +166,18 @@ def write_results(out_dir: str | Path, results: list[EvalResult]) -> Path:
 
 # ----------------------------------------------------------------- ad hoc games
 def games_from_folder(folder: str | Path, levels: list[str] | None = None) -> list[GameSpec]:
-    """Games to evaluate on: a folder with a manifest.jsonl (its test split, else every row),
-    or any folder of TextWorld .z8/.ulx files, each with the .json TextWorld wrote beside it.
+    """Games to evaluate on: a folder with a manifest.jsonl (its test split, else every row), any
+    folder of TextWorld .z8/.ulx files, each with the .json TextWorld wrote beside it, or a folder
+    of ALFWorld game folders (``game.tw-pddl``, official layout or any part of it).
 
-    For loose files the level is the game's folder under `folder` ('custom' at the top);
-    max score and expert plan come from the .json. A game without its .json is kept with a
-    warning: TextWorld then cannot list admissible commands and its episodes will fail.
+    A loose TextWorld game's level is read from its .json metadata (ours, tw-simple and tw-cooking
+    games say it), else it is the game's folder under `folder` ('custom' at the top); max score
+    and expert plan come from the .json. A game without its .json is kept with a warning:
+    TextWorld then cannot list admissible commands and its episodes will fail. An ALFWorld game's
+    level is its task type.
     """
+    from agentrecipe.envs.alfworld.importer import games_in_folder
+
     folder = Path(folder)
     manifest = folder / "manifest.jsonl"
     if manifest.exists():
@@ -184,19 +189,23 @@ def games_from_folder(folder: str | Path, levels: list[str] | None = None) -> li
     games = []
     for path in sorted(p for p in folder.rglob("*") if p.suffix in GAME_SUFFIXES):
         rel = path.relative_to(folder)
-        level = rel.parts[0] if len(rel.parts) > 1 else CUSTOM_LEVEL_NAME
-        if levels is not None and level not in levels:
-            continue
-        games.append(_game_from_file(path, level))
+        games.append(_game_from_file(path, rel.parts[0] if len(rel.parts) > 1 else CUSTOM_LEVEL_NAME))
+    alfworld = games_in_folder(folder)
+    if games and alfworld:
+        raise ValueError(f"{folder}: holds both TextWorld ({len(games)}) and ALFWorld ({len(alfworld)}) games; "
+                         "evaluate one family at a time")
+    games = [g for g in games or alfworld if levels is None or g.level in levels]
     if not games:
-        raise FileNotFoundError(f"{folder}: no manifest.jsonl and no {'/'.join(GAME_SUFFIXES)} games"
-                                + (f" of level(s) {', '.join(levels)}" if levels else ""))
+        raise FileNotFoundError(f"{folder}: no manifest.jsonl, no {'/'.join(GAME_SUFFIXES)} games and no ALFWorld "
+                                "game.tw-pddl" + (f" of level(s) {', '.join(levels)}" if levels else ""))
     return games
 
 
-def _game_from_file(path: Path, level: str) -> GameSpec:
+def _game_from_file(path: Path, folder_level: str) -> GameSpec:
+    from agentrecipe.envs.textworld_env import level_from_metadata
+
     meta = path.with_suffix(".json")
-    max_score, plan = 1.0, ()
+    max_score, plan, level = 1.0, (), folder_level
     if not meta.exists():
         warnings.warn(f"{path}: no {meta.name} beside it; TextWorld needs it for admissible commands, "
                       "so this game's episodes will likely fail", stacklevel=3)
@@ -207,6 +216,7 @@ def _game_from_file(path: Path, level: str) -> GameSpec:
             game = textworld.Game.load(str(meta))
             max_score = float(game.max_score) or 1.0
             plan = tuple(game.metadata.get("walkthrough") or game.walkthrough or ())
+            level = level_from_metadata(game.metadata) or folder_level
         except Exception as e:  # noqa: BLE001 - a foreign or old json: play it without a plan
             warnings.warn(f"{meta}: cannot read max score / walkthrough ({type(e).__name__}: {e})", stacklevel=3)
     return GameSpec(path=str(path), level=level, env="textworld", split="test", seed=0, max_score=max_score,

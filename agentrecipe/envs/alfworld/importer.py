@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from agentrecipe.envs.alfworld.scene import TASK_TYPES
+from agentrecipe.envs.base import GameSpec
 
 OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen")
 
@@ -95,3 +96,21 @@ def import_games(root: Path, official_split: str, task: str, seeds: list[int], o
         walkthrough = json.loads((dest / "game.tw-pddl").read_text()).get("walkthrough") or []
         out.append((dest / "game.tw-pddl", list(walkthrough)))
     return out
+
+
+def games_in_folder(folder: Path) -> list[GameSpec]:
+    """Every ALFWorld game under `folder` (trial folders with ``game.tw-pddl``, at any depth: the
+    official layout or a copy of part of it), as test games in sorted path order. The level is
+    the task type from its traj_data.json (else from the task folder's name), the expert plan its
+    walkthrough; games the official data marks unsolvable are left out."""
+    games = []
+    for path in sorted(Path(folder).rglob("game.tw-pddl")):
+        data = json.loads(path.read_text())
+        if data.get("solvable") is False:
+            continue
+        traj = path.with_name("traj_data.json")
+        task = json.loads(traj.read_text()).get("task_type") if traj.exists() else None
+        level = task or path.parent.parent.name.split("-")[0]
+        games.append(GameSpec(str(path), level, "alfworld", "test", len(games), 1.0,
+                              tuple(data.get("walkthrough") or ())))
+    return games
