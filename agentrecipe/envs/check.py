@@ -28,6 +28,7 @@ CHECK_LEVELS: dict[str, tuple[str, ...]] = {
     "babyai": ("GoToRedBall", "PickupLoc"),
     "sciworld": ("find-non-living-thing",),
     "textcraft": ("depth1", "depth2"),
+    "swe": ("op-f1",),
 }
 """Levels each family is checked on; families missing here are not checked."""
 REQUIRES: dict[str, tuple[str, ...]] = {
@@ -36,6 +37,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "babyai": ("minigrid",),
     "sciworld": ("scienceworld",),
     "textcraft": ("textcraft",),
+    "swe": ("pytest",),
 }
 """Packages a family needs: a family whose packages are missing is reported as not installed."""
 PROGRAMS: dict[str, tuple[str, ...]] = {"sciworld": ("java",)}
