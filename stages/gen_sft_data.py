@@ -32,7 +32,7 @@ def main() -> None:
     games = pick_demo_games(read_manifest(Path(args.envs) / "manifest.jsonl", split="train"), env_cfg.levels, budget.n_demos)
     encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
     rows = []
-    for game, observations, actions in replay_games(env_cfg.name, env_cfg.family_options, games):
+    for game, observations, actions in replay_games(env_cfg, games):
         rows += transcript_rows(encoder, game, observations, actions)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ def main() -> None:
     if cfg["model"].name == "tiny":
         games = read_manifest(f"{args.envs}/manifest.jsonl", split="train")
         corpus = []
-        for _, observations, actions in replay_games(cfg["env"].name, cfg["env"].family_options, games, "tokenizer corpus"):
+        for _, observations, actions in replay_games(cfg["env"], games, "tokenizer corpus"):
             corpus += corpus_texts(observations, actions)
     out = prepare_base_model(cfg["model"], corpus, args.out)
     print(f"prepare_model: {cfg['model'].name} -> {out} in {time.time() - start:.1f}s")

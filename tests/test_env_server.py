@@ -243,14 +243,17 @@ def test_textworld_through_a_server_matches_the_local_env(servers, tw_games):
 
 
 def test_expert_replays_for_sft_data_through_a_server(servers, tw_games):
-    from agentrecipe.agent.replay import replay_expert
+    """gen_sft_data and prepare_model replay through env.remote's servers when it lists any."""
+    from agentrecipe.agent.replay import replay_games
+    from agentrecipe.config import EnvConfig
     from agentrecipe.envs.remote_pool import PoolEnv
-    from agentrecipe.envs.textworld_env import make_env
 
-    game = tw_games["cooking"]
-    local = replay_expert(make_env({}), game)
+    games = [tw_games["cooking"], tw_games["simple"]]
+    local = list(replay_games(EnvConfig(name="textworld"), games))
+    served = list(replay_games(EnvConfig(name="textworld", remote=[servers["textworld"].url]), games))
+    assert served == local and all(obs[-1].won for _, obs, _ in served)
+    assert servers["textworld"].stats()["open_envs"] == 0
     with RemotePool("textworld", [servers["textworld"].url], timeout=30) as pool:
-        assert replay_expert(PoolEnv(pool), game) == local
         with pytest.raises(RuntimeError, match="reset failed: .*plays 'textworld' games, not 'fake'"):
             PoolEnv(pool).reset(GameSpec(path="x", level="l", env="fake"))
 

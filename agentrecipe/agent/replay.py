@@ -35,15 +35,25 @@ def corpus_texts(observations: list[Observation], actions: list[str]) -> list[st
     return texts + list(actions) + [SYSTEM_PROMPT, INVALID_REPLY]
 
 
-def replay_games(env_name: str, options: dict, games: list[GameSpec], desc: str = "expert replays"):
-    """Yield (game, observations, actions) of each game's expert replay, in one environment."""
+def replay_games(env, games: list[GameSpec], desc: str = "expert replays"):
+    """Yield (game, observations, actions) of each game's expert replay, for an EnvConfig `env`:
+    through its servers one game at a time when it lists any (`env.remote`), else in one
+    in-process environment."""
     from tqdm import tqdm
 
+    if env.remote:
+        from agentrecipe.envs.remote_pool import PoolEnv, RemotePool
+
+        with RemotePool(env.name, env.remote, timeout=env.step_timeout) as pool:
+            served = PoolEnv(pool)
+            for game in tqdm(games, desc=desc):
+                yield (game, *replay_expert(served, game))
+        return
     from agentrecipe.envs.registry import get_family
 
-    env = get_family(env_name).make_env(options)
+    local = get_family(env.name).make_env(env.family_options)
     try:
         for game in tqdm(games, desc=desc):
-            yield (game, *replay_expert(env, game))
+            yield (game, *replay_expert(local, game))
     finally:
-        env.close()
+        local.close()
