@@ -24,7 +24,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from agentrecipe.config import AgentConfig, EnvConfig, EvalConfig, ModelConfig, load_config
     from agentrecipe.envs.check_games import failed_share_error, playable
-    from agentrecipe.envs.pool import EnvPool
+    from agentrecipe.envs.pool import open_pool
     from agentrecipe.eval.baselines import BASELINES
     from agentrecipe.eval.evaluate import evaluate_policy, games_from_folder, load_policy, select_games, write_results
     from agentrecipe.models.registry import DTYPES
@@ -58,7 +58,10 @@ def _evaluate(args: argparse.Namespace) -> int:
     options = cfg["env"].family_options if env_name == cfg["env"].name else {}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
-    with EnvPool(env_name, options, args.workers or cfg["env"].workers, cfg["env"].step_timeout) as pool:
+    remote = args.remote or (cfg["env"].remote if env_name == cfg["env"].name else [])
+    if remote:
+        print(f"evaluate: playing {env_name} games through {', '.join(remote)}")
+    with open_pool(env_name, options, args.workers or cfg["env"].workers, cfg["env"].step_timeout, remote) as pool:
         games = playable(pool, games, lambda msg: print(msg, file=sys.stderr))  # each game started once
         if not games:
             print(f"error: no game in {args.games} starts (see above)", file=sys.stderr)
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("evaluate", help="evaluate model folders or baselines on a folder of games, print the table")
     p.add_argument("--model", nargs="+", required=True,
                    help="HF model folder(s) or baseline name(s): expert, random, first")
-    p.add_argument("--games", required=True, help="folder with manifest.jsonl, or of TextWorld .z8/.ulx + .json")
+    p.add_argument("--games", required=True,
+                   help="folder with manifest.jsonl, of TextWorld .z8/.ulx + .json, or of ALFWorld game folders")
     p.add_argument("--episodes", type=int, help="games per level (default: eval.episodes)")
     p.add_argument("--levels", nargs="+", help="only these levels (default: every level found)")
     p.add_argument("--decoding", choices=["free", "admissible"], help="default: agent.decoding")
@@ -177,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperature", type=float, help="of sampled episodes (default: eval.temperature)")
     p.add_argument("--max-turns", type=int, help="default: eval.max_turns")
     p.add_argument("--workers", type=int, help="environment processes (default: env.workers)")
+    p.add_argument("--remote", nargs="+", metavar="URL",
+                   help="play through these environment servers (`agentrecipe serve-env`; default: env.remote)")
     p.add_argument("--params", default="params.yaml", help="agent/eval settings (defaults when the file is absent)")
     p.add_argument("--out", default="eval_results", help="folder for metrics.json, episodes.jsonl, transcripts.jsonl")
     p.set_defaults(func=_evaluate)

@@ -161,10 +161,6 @@ def copy_live(src: Path, dst: Path, upto: int | None = None) -> None:
 def env_pool(env):
     """The pool the stages play through, for an EnvConfig: its servers (env.remote, see
     agentrecipe/envs/remote_pool.py) when it lists any, else local worker processes."""
-    if env.remote:
-        from agentrecipe.envs.remote_pool import RemotePool
+    from agentrecipe.envs.pool import open_pool
 
-        return RemotePool(env.name, env.remote, timeout=env.step_timeout)
-    from agentrecipe.envs.pool import EnvPool
-
-    return EnvPool(env.name, env.family_options, n_workers=env.workers, timeout=env.step_timeout)
+    return open_pool(env.name, env.family_options, env.workers, env.step_timeout, env.remote)

@@ -295,3 +295,26 @@ def test_unknown_family_and_bad_urls_are_refused_before_any_work(capsys):
     with pytest.raises(ConfigError, match="env.remote"):
         EnvConfig(remote=["127.0.0.1:8765"])
     assert EnvConfig(remote=["http://127.0.0.1:8765", "https://envs.example.org"]).remote
+
+
+def test_cli_evaluate_through_a_server_gives_the_local_results(servers, tw_games, tmp_path):
+    import json
+    import shutil
+
+    from agentrecipe.cli import main
+
+    games = tmp_path / "games"
+    games.mkdir()
+    for spec in tw_games.values():
+        for f in Path(spec.path).parent.glob(Path(spec.path).stem + ".*"):
+            shutil.copy(f, games / f.name)
+    metrics = {}
+    for where, extra in (("local", []), ("served", ["--remote", servers["textworld"].url])):
+        out = tmp_path / where
+        argv = ["evaluate", "--model", "expert", "first", "--games", str(games), "--max-turns", "30", "--workers", "1",
+                "--samples", "2", "--params", str(tmp_path / "absent.yaml"), "--out", str(out), *extra]
+        assert main(argv) == 0
+        metrics[where] = json.loads((out / "metrics.json").read_text())
+    assert metrics["served"] == metrics["local"]
+    assert all(metrics["local"]["expert"][spec.level]["success"] == 1.0 for spec in tw_games.values())
+    assert servers["textworld"].stats()["open_envs"] == 0

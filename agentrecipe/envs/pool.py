@@ -359,3 +359,13 @@ class EnvPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_pool(family: str, options: dict, workers: int, timeout: float, remote: list[str] | tuple = ()):
+    """The pool to play `family` through: its servers when `remote` lists any (OpenEnv HTTP,
+    agentrecipe/envs/remote_pool.py), else `workers` local worker processes."""
+    if remote:
+        from agentrecipe.envs.remote_pool import RemotePool
+
+        return RemotePool(family, list(remote), timeout=timeout)
+    return EnvPool(family, options, n_workers=workers, timeout=timeout)
