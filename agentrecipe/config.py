@@ -4,11 +4,18 @@
 the requested sections against these dataclasses and returns them. An unknown
 or mistyped key raises `ConfigError` naming the key and the file, before any
 work starts. Inter-field checks live in each dataclass's `__post_init__`.
+
+Values live in params/ only: a dataclass states each setting's type, a line of
+doc and its checks, and `params_section` takes its defaults from the default
+recipe that params/ composes (what `dvc repro` runs), so `RLConfig(lr=1e-3)` is
+the default recipe's rl section with one value changed.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -17,6 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+PARAMS_DIR = Path(__file__).resolve().parents[1] / "params"
+"""The Hydra tree of the recipes; its default composition holds every setting's default value."""
 
 
 class ConfigError(ValueError):
@@ -28,39 +38,114 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+# ------------------------------------------------------------------- validation
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widen to floats)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arm in args:
+            try:
+                return _coerce(value, arm, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if tp is type(None):
+        _check(value is None, key, f"expected null, got {value!r}")
+        return None
+    if origin is Literal:
+        _check(value in args, key, f"must be one of {list(args)}, got {value!r}")
+        return value
+    if origin is list:
+        _check(isinstance(value, list), key, f"expected a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+    if origin is dict:
+        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+@functools.cache
+def default_params() -> dict[str, Any]:
+    """The default recipe: params/ composed with no overrides (what params.yaml holds after `make params`)."""
+    from agentrecipe.params import compose
+
+    return compose(PARAMS_DIR)
+
+
+def params_section(section: str):
+    """`@dataclass` for a params section, its field defaults taken from `default_params()[section]`
+    (lists and dicts copied per instance). A field without a value there fails at import."""
+
+    def wrap(cls: type) -> type:
+        values = default_params()[section]
+        hints = typing.get_type_hints(cls)
+        for name in cls.__annotations__:
+            if name not in values:
+                raise TypeError(f"{cls.__name__}.{name}: no default in {PARAMS_DIR} (section {section!r})")
+            value = _coerce(values[name], hints[name], f"{section}.{name}")
+            if isinstance(value, (list, dict)):
+                setattr(cls, name, field(default_factory=functools.partial(copy.deepcopy, value)))
+            else:
+                setattr(cls, name, value)
+        return dataclass(cls)
+
+    return wrap
+
+
 # --------------------------------------------------------------------------- env
 REMOTE_URL = re.compile(r"^https?://[^/\s:]+(:\d+)?/?$")
 
 
-@dataclass
+@params_section("env")
 class EnvConfig:
     """Which games the curriculum build makes and how environments are run."""
 
-    name: Literal["textworld", "alfworld", "swe", "babyai", "sciworld", "textcraft"] = "textworld"
-    """Environment family."""
-    levels: list[str] = field(default_factory=lambda: ["w2-o3-q4"])
+    name: str
+    """Environment family (agentrecipe/envs/registry.py FAMILIES)."""
+    levels: list[str]
     """Levels trained on (train, valid and test games are built for each)."""
-    ood_levels: list[str] = field(default_factory=list)
+    ood_levels: list[str]
     """Harder, held-out levels (only test games are built)."""
-    n_train: int = 40
+    n_train: int
     """Train games per level."""
-    n_valid: int = 10
+    n_valid: int
     """Validation games per level."""
-    n_test: int = 20
+    n_test: int
     """Test games per level."""
-    seed_train: int = 50001
+    seed_train: int
     """First seed of the train split (game i of a level uses seed_train + i)."""
-    seed_valid: int = 40001
-    seed_test: int = 1
-    workers: int = 2
+    seed_valid: int
+    seed_test: int
+    workers: int
     """Processes that build games / step environments in parallel."""
-    step_timeout: float = 30.0
+    step_timeout: float
     """Seconds before a hung environment is killed and its episode failed."""
-    alfworld: dict[str, Any] = field(default_factory=dict)
+    alfworld: dict[str, Any]
     """ALFWorld-only options (see params/env/alfworld.yaml)."""
-    swe: dict[str, Any] = field(default_factory=dict)
+    swe: dict[str, Any]
     """SWE-task-only options (see params/env/swe.yaml and agentrecipe.envs.swe.DEFAULTS)."""
-    remote: list[str] = field(default_factory=list)
+    remote: list[str]
     """Environment servers (`agentrecipe serve-env`) to play through instead of local workers, e.g.
     [http://127.0.0.1:8765]; episodes spread over them. Empty: local worker processes."""
 
@@ -83,7 +168,10 @@ class EnvConfig:
         # Levels (and options) are checked by the family itself: one grammar per family.
         from agentrecipe.envs.registry import get_family
 
-        family = get_family(self.name)
+        try:
+            family = get_family(self.name)
+        except ValueError as e:
+            raise ConfigError(f"env.name: {e}") from None
         for key in ("levels", "ood_levels"):
             for lvl in getattr(self, key):
                 try:
@@ -103,22 +191,22 @@ class EnvConfig:
 
 
 # ------------------------------------------------------------------------- model
-@dataclass
+@params_section("model")
 class ModelConfig:
     """The base model: `tiny` (built from these sizes), `smollm2-135m` (bundled), or `hf`."""
 
-    name: str = "tiny"
-    path: str = ""
+    name: str
+    path: str
     """For `hf`: a Hugging Face model id or a local folder."""
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    intermediate_size: int = 512
-    vocab_size: int = 1024
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int
     """Tokenizer vocabulary (tiny: byte-level BPE trained on the train games)."""
-    max_position: int = 2048
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    seed: int = 0
+    max_position: int
+    dtype: Literal["float32", "bfloat16", "float16"]
+    seed: int
 
     def __post_init__(self) -> None:
         for key in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size", "max_position"):
@@ -128,19 +216,19 @@ class ModelConfig:
 
 
 # ------------------------------------------------------------------------- agent
-@dataclass
+@params_section("agent")
 class AgentConfig:
     """How the policy sees the game and how its reply becomes an action."""
 
-    show_admissible: bool = True
+    show_admissible: bool
     """List the admissible commands in each observation."""
-    history: int = 2
+    history: int
     """Past turns kept in the prompt: -1 keeps all turns (one growing sequence)."""
-    decoding: Literal["free", "admissible"] = "admissible"
+    decoding: Literal["free", "admissible"]
     """`free`: generate until end of turn; `admissible`: constrain to admissible commands."""
-    max_action_tokens: int = 24
+    max_action_tokens: int
     """Most tokens one reply may have."""
-    max_context: int = 1024
+    max_context: int
     """Most tokens of one prompt + reply; an episode that outgrows it ends (truncated)."""
 
     def __post_init__(self) -> None:
@@ -150,15 +238,15 @@ class AgentConfig:
 
 
 # ------------------------------------------------------------------------ budget
-@dataclass
+@params_section("budget")
 class BudgetConfig:
     """Fixed interaction budget split between demonstrations and RL episodes."""
 
-    total_units: int = 500
+    total_units: int
     """Budget in RL-episode units."""
-    demo_cost: int = 10
+    demo_cost: int
     """One demonstration costs as many units as this many RL episodes."""
-    sft_fraction: float = 0.2
+    sft_fraction: float
     """Share of the budget spent on demonstrations (0 = pure RL, 1 = pure SFT)."""
 
     def __post_init__(self) -> None:
@@ -178,14 +266,14 @@ class BudgetConfig:
 
 
 # --------------------------------------------------------------------- deepspeed
-@dataclass
+@params_section("deepspeed")
 class DeepSpeedConfig:
     """Engine settings shared by SFT and RL."""
 
-    zero_stage: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    offload_optimizer: bool = False
-    torch_adam: bool = True
+    zero_stage: int
+    precision: Literal["fp32", "bf16", "fp16"]
+    offload_optimizer: bool
+    torch_adam: bool
     """Use torch's Adam instead of compiling DeepSpeed's fused op."""
 
     def __post_init__(self) -> None:
@@ -193,15 +281,15 @@ class DeepSpeedConfig:
 
 
 # --------------------------------------------------------------------------- sft
-@dataclass
+@params_section("sft")
 class SFTConfig:
-    lr: float = 3e-3
-    epochs: int = 10
-    batch_size: int = 8
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    seed: int = 0
+    lr: float
+    epochs: int
+    batch_size: int
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    seed: int
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "sft.lr", "must be > 0")
@@ -210,12 +298,12 @@ class SFTConfig:
 
 
 # ---------------------------------------------------------------------- rollout
-@dataclass
+@params_section("rollout")
 class RolloutConfig:
-    backend: Literal["hf", "vllm"] = "hf"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_turns: int = 20
+    backend: Literal["hf", "vllm"]
+    temperature: float
+    top_p: float
+    max_turns: int
     """Turn limit when no schedule applies (evaluation, fixed-limit RL)."""
 
     def __post_init__(self) -> None:
@@ -228,14 +316,14 @@ class RolloutConfig:
 
 
 # ------------------------------------------------------------------------ reward
-@dataclass
+@params_section("reward")
 class RewardConfig:
-    mode: Literal["sparse", "dense"] = "sparse"
+    mode: Literal["sparse", "dense"]
     """sparse: 1 on a won last turn; dense: score change each turn."""
-    normalize: bool = True
+    normalize: bool
     """Dense only: divide score changes by the game's max score."""
-    step_penalty: float = 0.0
-    invalid_penalty: float = 0.0
+    step_penalty: float
+    invalid_penalty: float
 
     def __post_init__(self) -> None:
         _check(self.step_penalty >= 0, "reward.step_penalty", "is a magnitude, must be >= 0")
@@ -243,58 +331,58 @@ class RewardConfig:
 
 
 # ---------------------------------------------------------------------------- rl
-@dataclass
+@params_section("rl")
 class RLConfig:
-    algo: Literal["ppo", "grpo", "rloo", "reinforce_pp", "gigpo"] = "grpo"
-    lr: float = 5e-4
-    critic_lr: float = 1e-3
-    group_size: int = 8
+    algo: Literal["ppo", "grpo", "rloo", "reinforce_pp", "gigpo"]
+    lr: float
+    critic_lr: float
+    group_size: int
     """Rollouts per game (G) for group baselines."""
-    games_per_step: int = 2
-    update_epochs: int = 1
-    minibatch_size: int = 16
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    kl_in_reward: bool = False
-    entropy_coef: float = 0.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    discount: Literal["token", "turn"] = "token"
+    games_per_step: int
+    update_epochs: int
+    minibatch_size: int
+    clip_eps: float
+    kl_coef: float
+    kl_estimator: Literal["k1", "k3"]
+    kl_in_reward: bool
+    entropy_coef: float
+    gamma: float
+    lam: float
+    discount: Literal["token", "turn"]
     """Unit that gamma (and PPO's lam) apply once per, for every estimator: each action token, or each turn."""
-    whiten_advantages: bool = False
+    whiten_advantages: bool
     """PPO only: whiten the GAE advantages over the step batch (veRL; CleanRL per minibatch)."""
-    vf_coef: float = 0.5
-    value_clip: float = 0.2
-    turn_level_returns: bool = False
-    gigpo_episode_weight: float = 1.0
+    vf_coef: float
+    value_clip: float
+    turn_level_returns: bool
+    gigpo_episode_weight: float
     """GiGPO: weight w_E of the episode-level group advantage."""
-    gigpo_step_weight: float = 1.0
+    gigpo_step_weight: float
     """GiGPO: weight w_S of the step-level (anchor-state group) advantage (the paper's omega)."""
-    gigpo_norm: Literal["std", "none"] = "none"
+    gigpo_norm: Literal["std", "none"]
     """GiGPO: divide both terms by their group's std ('std') or not ('none', verl-agent mean_norm)."""
-    dynamic_sampling: bool = False
+    dynamic_sampling: bool
     """DAPO dynamic sampling: drop zero-variance groups and play more games until games_per_step remain."""
-    dynamic_sampling_max_games: int = 8
+    dynamic_sampling_max_games: int
     """Cap on the extra games (each group_size rollouts) one step may play for dynamic sampling."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    max_grad_norm: float = 1.0
-    turn_schedule: list[int] = field(default_factory=list)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+    max_grad_norm: float
+    turn_schedule: list[int]
     """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
-    turn_schedule_every: int = 20
+    turn_schedule_every: int
     """Steps spent at each turn limit before moving up."""
-    curriculum: list[list[str]] = field(default_factory=list)
+    curriculum: list[list[str]]
     """Levels sampled in each curriculum phase; empty = env.levels throughout."""
-    curriculum_every: int = 20
-    checkpoint_every: int = 10
-    eval_every: int = 5
+    curriculum_every: int
+    checkpoint_every: int
+    eval_every: int
     """Greedy episodes on the valid split every this many steps (and after the last): `valid/*` curves. 0: off."""
-    keep_best: bool = False
+    keep_best: bool
     """Export the model of the best validation (valid success, then score; the earlier on a tie) instead
     of the last step's."""
-    max_failed_share: float = 0.1
+    max_failed_share: float
     """The run stops once more than this share of its episodes failed (broken games or environments)."""
-    seed: int = 0
+    seed: int
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, "rl.lr", "must be > 0")
@@ -333,20 +421,20 @@ class RLConfig:
 
 
 # -------------------------------------------------------------------------- eval
-@dataclass
+@params_section("eval")
 class EvalConfig:
-    episodes: int = 20
+    episodes: int
     """Test games per level evaluated (at most env.n_test)."""
-    pass_k: list[int] = field(default_factory=lambda: [1, 4])
-    samples: int = 4
+    pass_k: list[int]
+    samples: int
     """Sampled episodes per game for pass@k (needs samples >= max(pass_k))."""
-    temperature: float = 1.0
-    max_turns: int = 20
-    transcripts: int = 3
+    temperature: float
+    max_turns: int
+    transcripts: int
     """Full transcripts written per policy and level."""
-    max_failed_share: float = 0.1
+    max_failed_share: float
     """The evaluation fails when more than this share of a policy's episodes failed (broken games)."""
-    seed: int = 0
+    seed: int
 
     def __post_init__(self) -> None:
         _check(self.episodes >= 1, "eval.episodes", "must be >= 1")
@@ -367,55 +455,6 @@ SECTIONS: dict[str, type] = {
     "rl": RLConfig,
     "eval": EvalConfig,
 }
-TOP_LEVEL: dict[str, type] = {}  # no top-level keys: every setting lives in the section that reads it
-
-
-# ------------------------------------------------------------------- validation
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`; return it (ints widen to floats)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for arm in args:
-            try:
-                return _coerce(value, arm, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if tp is type(None):
-        _check(value is None, key, f"expected null, got {value!r}")
-        return None
-    if origin is Literal:
-        _check(value in args, key, f"must be one of {list(args)}, got {value!r}")
-        return value
-    if origin is list:
-        _check(isinstance(value, list), key, f"expected a list, got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
-    if origin is dict:
-        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is bool:
-        _check(isinstance(value, bool), key, f"expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
 
 
 def from_dict(cls: type, data: Any, prefix: str) -> Any:
@@ -436,15 +475,12 @@ def parse_config(raw: dict[str, Any], sections: list[str] | None = None, source:
     """Validate a composed params mapping; return {section: dataclass} for `sections` (default all)."""
     try:
         _check(isinstance(raw, dict), source, "must be a mapping of sections")
-        known = set(SECTIONS) | set(TOP_LEVEL)
+        known = set(SECTIONS)
         for key in raw:
             _check(key in known, str(key), f"unknown section (known: {', '.join(sorted(known))})")
         out: dict[str, Any] = {}
         for name in sections if sections is not None else list(SECTIONS):
-            if name in TOP_LEVEL:
-                out[name] = _coerce(raw.get(name, 0), TOP_LEVEL[name], name)
-            else:
-                out[name] = from_dict(SECTIONS[name], raw.get(name), name)
+            out[name] = from_dict(SECTIONS[name], raw.get(name), name)
         if sections is None:
             check_across(out, set(raw))
         return out
@@ -481,6 +517,3 @@ def load_config(path: str | Path = "params.yaml", sections: list[str] | None = N
     parse_config(raw, None, str(path))  # validate everything, so a typo anywhere fails fast
     return parse_config(raw, sections, str(path))
 
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

@@ -43,10 +43,10 @@ def test_level_grammar():
 
 def test_options_refuse_unknown_keys_and_unpinned_packages():
     with pytest.raises(ConfigError, match=r"env.swe: unknown option\(s\) \['windw'\]"):
-        EnvConfig(name="swe", levels=["any-f1"], swe={"windw": 10})
+        EnvConfig(name="swe", levels=["any-f1"], ood_levels=[], swe={"windw": 10})
     with pytest.raises(ConfigError, match="pin an exact version"):
-        EnvConfig(name="swe", levels=["any-f1"], swe={"packages": ["toolz>=1"]})
-    assert EnvConfig(name="swe", levels=["op-f1"], swe={"p2p": 2}).family_options == {"p2p": 2}
+        EnvConfig(name="swe", levels=["any-f1"], ood_levels=[], swe={"packages": ["toolz>=1"]})
+    assert EnvConfig(name="swe", levels=["op-f1"], ood_levels=[], swe={"p2p": 2}).family_options == {"p2p": 2}
 
 
 def test_params_file_states_the_defaults():
