@@ -268,10 +268,9 @@ class BudgetConfig:
 # --------------------------------------------------------------------- deepspeed
 @params_section("deepspeed")
 class DeepSpeedConfig:
-    """Engine settings shared by SFT and RL."""
+    """Engine settings shared by SFT and RL (the engine's bf16 / fp16 mode follows model.dtype)."""
 
     zero_stage: int
-    precision: Literal["fp32", "bf16", "fp16"]
     offload_optimizer: bool
     torch_adam: bool
     """Use torch's Adam instead of compiling DeepSpeed's fused op."""

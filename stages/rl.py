@@ -25,7 +25,7 @@ from agentrecipe.train.rl import RLRun, num_steps, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
                            stage_fingerprint, torch_threads)
 
-SECTIONS = ["rl", "reward", "agent", "rollout", "deepspeed", "env", "budget"]
+SECTIONS = ["rl", "reward", "agent", "rollout", "deepspeed", "model", "env", "budget"]
 HISTORY = "dvclive"
 """The DVCLive state of a config, beside its checkpoints."""
 
@@ -78,7 +78,7 @@ def main() -> None:
     n_steps = num_steps(cfg["budget"].rl_episodes, rl, int(os.environ.get("WORLD_SIZE", "1")))
     checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
     fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)])
-    run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"],
+    run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=checkpoints / fingerprint, fingerprint=fingerprint)
     checkpoints.mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
     if n_steps == 0:

@@ -58,7 +58,7 @@ def main() -> None:
     rl = RLConfig(algo="ppo", lr=1e-2, critic_lr=1e-2, group_size=1, games_per_step=2, minibatch_size=2,
                   update_epochs=2, kl_coef=0.05, checkpoint_every=1000, seed=0)
     run = RLRun(rl=rl, reward=RewardConfig(step_penalty=0.1), agent=AgentConfig(history=2, max_action_tokens=6),
-                rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=args.zero_stage),
+                rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=args.zero_stage), dtype="float32",
                 levels=["walk"], n_steps=3, checkpoint_dir=Path(args.out) / f"ckpt{rank}", fingerprint="mp")
     log = []
     with EnvPool("walk", {}, n_workers=0) as pool:

@@ -181,7 +181,7 @@ def test_rl_train_with_gigpo_and_dynamic_sampling_logs_its_stats(policy_dir, cue
     rl = RLConfig(algo="gigpo", lr=3e-3, group_size=4, games_per_step=2, minibatch_size=16, gamma=0.95, discount="turn",
                   dynamic_sampling=True, dynamic_sampling_max_games=2, checkpoint_every=1000, seed=0)
     run = RLRun(rl=rl, reward=RewardConfig(mode="sparse"), agent=AgentConfig(history=2, max_context=512),
-                rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(), levels=["cue"], n_steps=2,
+                rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=2,
                 checkpoint_dir=tmp_path / "ckpt", fingerprint="gigpo-dapo")
     log = []
     rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),

@@ -66,7 +66,7 @@ def test_each_algorithm_learns_to_follow_the_signs(algo, reward, history, policy
                   lam=0.95, checkpoint_every=1000, seed=0, whiten_advantages=algo == "ppo",  # as params/rl/*.yaml
                   kl_coef=0.01 if algo == "reinforce_pp" else 0.0, kl_in_reward=algo == "reinforce_pp")
     run = RLRun(rl=rl, reward=RewardConfig(mode=reward), agent=agent, rollout=RolloutConfig(max_turns=3),
-                deepspeed=DeepSpeedConfig(), levels=["cue"], n_steps=25, checkpoint_dir=tmp_path / "ckpt",
+                deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=25, checkpoint_dir=tmp_path / "ckpt",
                 fingerprint=algo)
     history_log = []
     actor, _, _ = rl_train(policy_dir, GAMES, run, cue_pool,
@@ -98,6 +98,7 @@ def test_keep_best_keeps_the_best_validated_model(policy_dir, cue_pool, tmp_path
     rl = RLConfig(algo="grpo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=16, checkpoint_every=1000,
                   eval_every=2, keep_best=True, seed=0)
     run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(),
+                dtype="float32",
                 levels=["cue"], n_steps=8, checkpoint_dir=tmp_path / "ckpt", fingerprint="best")
     log = []
     rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),

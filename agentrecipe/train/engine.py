@@ -60,8 +60,11 @@ def init_distributed() -> None:
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", verbose=False)
 
 
-def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: float, weight_decay: float = 0.0) -> dict:
-    """The DeepSpeed JSON config for our settings (AdamW; the schedule is `warmup_linear_decay`)."""
+def ds_config(ds: DeepSpeedConfig, dtype: torch.dtype, lr: float, micro_batch: int, max_grad_norm: float,
+              weight_decay: float = 0.0) -> dict:
+    """The DeepSpeed JSON config for our settings (AdamW; the schedule is `warmup_linear_decay`);
+    `dtype` is the weights' dtype (model.dtype, the one name for it): bfloat16 / float16 switch on
+    the engine's bf16 / fp16 mode."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     cfg: dict = {
         "train_micro_batch_size_per_gpu": micro_batch,
@@ -73,8 +76,8 @@ def ds_config(ds: DeepSpeedConfig, lr: float, micro_batch: int, max_grad_norm: f
             "params": {"lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.95], "torch_adam": ds.torch_adam},
         },
         "zero_optimization": {"stage": ds.zero_stage},
-        "bf16": {"enabled": ds.precision == "bf16"},
-        "fp16": {"enabled": ds.precision == "fp16"},
+        "bf16": {"enabled": dtype == torch.bfloat16},
+        "fp16": {"enabled": dtype == torch.float16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

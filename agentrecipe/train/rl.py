@@ -39,7 +39,7 @@ from agentrecipe.algos.advantages import compute_advantages, step_group_stats, z
 from agentrecipe.algos.losses import aggregate, explained_variance, kl_penalty, masked_mean, policy_loss, value_loss
 from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.models.registry import load_model
+from agentrecipe.models.registry import DTYPES, load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, turn_limit
@@ -54,9 +54,6 @@ from agentrecipe.train.rl_batch import RLBatch, build_batch
 from agentrecipe.train.validation import is_validation_step, validation_stats
 
 
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
 @dataclass
 class RLRun:
     """Everything one RL run needs besides the policy."""
@@ -66,6 +63,8 @@ class RLRun:
     agent: AgentConfig
     rollout: RolloutConfig
     deepspeed: DeepSpeedConfig
+    dtype: str
+    """model.dtype: the policy's weights (and the DeepSpeed engine's bf16 / fp16 mode)."""
     levels: list[str]
     """Default training levels (env.levels)."""
     n_steps: int
@@ -208,17 +207,17 @@ def rl_train(
 
     With `valid_games`, greedy episodes on them every `rl.eval_every` steps log `valid/*`."""
     rl, rank = run.rl, dist.rank()
-    model, tokenizer = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
+    model, tokenizer = load_model(policy_dir, DTYPES[run.dtype])
     encoder = PromptEncoder(tokenizer, run.agent.show_admissible, run.agent.history)
     vocab = unwrap(model).get_output_embeddings().weight.shape[0]
     mb = rl.minibatch_size
-    actor = make_engine(model, ds_config(run.deepspeed, rl.lr, mb, rl.max_grad_norm))
+    actor = make_engine(model, ds_config(run.deepspeed, DTYPES[run.dtype], rl.lr, mb, rl.max_grad_norm))
     critic = None
     if rl.algo == "ppo":
-        critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, rl.critic_lr, mb, rl.max_grad_norm))
+        critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, DTYPES[run.dtype], rl.critic_lr, mb, rl.max_grad_norm))
     ref = None
     if rl.kl_coef > 0:
-        ref, _ = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
+        ref, _ = load_model(policy_dir, DTYPES[run.dtype])
         ref.to(actor.device).eval().requires_grad_(False)
     start_step = 0
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
@@ -235,7 +234,7 @@ def rl_train(
     # on each other (one gather per step, on every rank, instead of one per generated token).
     generator = None
     if run.deepspeed.zero_stage == 3 and run.rollout.backend == "hf":
-        generator, _ = load_model(policy_dir, PRECISION_DTYPES[run.deepspeed.precision])
+        generator, _ = load_model(policy_dir, DTYPES[run.dtype])
         generator.to(actor.device).eval().requires_grad_(False)
         generator.load_state_dict(full_state_dict(actor))
     backend = make_backend(generator if generator is not None else unwrap(actor), tokenizer)

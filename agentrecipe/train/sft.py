@@ -59,7 +59,7 @@ def sft_train(
     steps_per_epoch = max(1, -(-len(rows) // cfg.batch_size))
     total_steps = steps_per_epoch * cfg.epochs
     engine = make_engine(
-        model, ds_config(ds, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay),
+        model, ds_config(ds, next(model.parameters()).dtype, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay),
         warmup_steps=cfg.warmup_steps, total_steps=total_steps,
     )
     rng = random.Random(cfg.seed)
