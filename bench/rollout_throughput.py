@@ -135,7 +135,7 @@ def bench_engine(model, tok, args, pool: EnvPool, turns: int, history: int,
     episodes = run_episodes(games, backend, encoder, pool, settings)
     total, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert all(ep.turns == turns and not ep.failed for ep in episodes), [ep.summary() for ep in episodes]
-    gen = sum(len(a) for ep in episodes for a in ep.actions)
+    gen = sum(len(a) for ep in episodes for a in ep.action_ids)
     ctx = max(len(p) for p in backend.last_prompts)
     name = f"engine{' pp' if overlap else ''} h={history}"
     return row(turns, name, gen, backend.prompt_tokens, encoder.tokenised, ctx,

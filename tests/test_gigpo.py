@@ -108,7 +108,7 @@ def _obs(text, commands=("go east", "go west")):
 def _episode(texts, n_turns, won=False, failed=False, game=None):
     ep = Episode(game=game or GameSpec(path="g", level="cue", env="cue", split="train", seed=0, max_score=2.0))
     ep.observations = [_obs(t) for t in texts]
-    ep.actions = [[1]] * n_turns
+    ep.action_ids = [[1]] * n_turns
     ep.score_deltas = [0.0] * (n_turns - 1) + [1.0 if won else 0.0]
     ep.won, ep.failed = won, failed
     return ep

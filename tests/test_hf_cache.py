@@ -155,7 +155,7 @@ def test_cached_prefix_rollouts_match_uncached(history, decoding, temperature, t
     # admissible: every reply is a command; free: the untrained model's replies are mostly invalid (no step)
     assert [ep.turns for ep in want] == ([2, 3, 4, 2, 3, 4] if decoding == "admissible" else [4] * 6)
     for g, w in zip(got, want):
-        assert g.actions == w.actions and g.allowed == w.allowed
+        assert g.action_ids == w.action_ids and g.allowed == w.allowed
         for a, b in zip(g.logprobs, w.logprobs):
             assert a == pytest.approx(b, abs=1e-5)
     assert cached.stats["prompt_tokens"] == plain.stats["prompt_tokens"]
@@ -163,7 +163,7 @@ def test_cached_prefix_rollouts_match_uncached(history, decoding, temperature, t
     # what training recomputes from each turn's full sequence (rollout/logprob_mismatch) matches too
     for ep in got:
         for t in range(ep.turns):
-            want_lp = _recomputed(model, enc.prompt(ep.observations[:t + 1], ep.actions[:t])[0], ep.actions[t],
+            want_lp = _recomputed(model, enc.prompt(ep.observations[:t + 1], ep.action_ids[:t])[0], ep.action_ids[t],
                                   ep.allowed[t])
             assert max(abs(a - b) for a, b in zip(ep.logprobs[t], want_lp)) < 1e-5
     if history < 0:
@@ -171,9 +171,9 @@ def test_cached_prefix_rollouts_match_uncached(history, decoding, temperature, t
         # less the last sampled token): that token plus the new observation segment.
         expected = 0
         for ep in got:
-            prompts = [enc.prompt(ep.observations[:t + 1], ep.actions[:t])[0] for t in range(ep.turns)]
+            prompts = [enc.prompt(ep.observations[:t + 1], ep.action_ids[:t])[0] for t in range(ep.turns)]
             expected += len(prompts[0]) + sum(len(p) - len(q) - len(a) + 1
-                                              for q, a, p in zip(prompts, ep.actions, prompts[1:]))
+                                              for q, a, p in zip(prompts, ep.action_ids, prompts[1:]))
         assert cached.stats["prefilled_tokens"] == expected
     else:
         assert cached.stats["prefilled_tokens"] < plain.stats["prefilled_tokens"]  # at least the shared head
@@ -186,14 +186,14 @@ def test_ping_pong_rollouts_are_deterministic_and_on_policy(tok, model, pool):
     backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id)
     games = GAMES + build_games("r", "test", [99], None, {})
     one, two = (run_episodes(games, backend, enc, pool, settings) for _ in range(2))
-    assert [ep.actions for ep in one] == [ep.actions for ep in two]
+    assert [ep.action_ids for ep in one] == [ep.action_ids for ep in two]
     assert [ep.turns for ep in one] == [2, 3, 4, 2, 3, 4, 2] and not backend._rows
     assert [ep.failed for ep in one] == [False] * 6 + [True] and "boom" in one[6].error  # that episode only
     # the kept log-probs are the constrained ones a plain forward recomputes (what training does)
     for ep in one[:6]:
         for t in range(ep.turns):
-            prompt = enc.prompt(ep.observations[:t + 1], ep.actions[:t])[0]
-            assert _recomputed(model, prompt, ep.actions[t], ep.allowed[t]) == pytest.approx(ep.logprobs[t], abs=1e-5)
+            prompt = enc.prompt(ep.observations[:t + 1], ep.action_ids[:t])[0]
+            assert _recomputed(model, prompt, ep.action_ids[t], ep.allowed[t]) == pytest.approx(ep.logprobs[t], abs=1e-5)
 
 
 def test_per_row_temperatures_mix_greedy_and_sampled_rows(tok, model):

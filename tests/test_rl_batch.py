@@ -100,7 +100,7 @@ def test_truncated_episodes_carry_the_state_after_their_last_action(model, token
     assert batch.kept == list(range(8))
     assert batch.truncated.tolist() == [False, False, False, True] * 2
     for e, ep in enumerate(episodes):
-        assert batch.next_prompts[e] == (enc.prompt(ep.observations, ep.actions)[0] if e % 4 == 3 else None)
+        assert batch.next_prompts[e] == (enc.prompt(ep.observations, ep.action_ids)[0] if e % 4 == 3 else None)
     critic = ValueModel(model.model, model.config.hidden_size)
     torch.nn.init.normal_(critic.head.weight)
     with torch.no_grad():
@@ -143,3 +143,18 @@ def test_minibatches_pad_with_empty_ones_not_with_sequence_zero(monkeypatch):
 def test_rl_refuses_nucleus_sampling():
     with pytest.raises(ConfigError, match="rollout.top_p"):
         RolloutConfig(top_p=0.9)
+
+
+def test_rollout_stats_count_failed_episodes_apart():
+    from agentrecipe.envs.base import GameSpec
+    from agentrecipe.rollout.episode import Episode
+    from agentrecipe.train.rl import rollout_stats
+
+    game = GameSpec(path="g", level="l", env="e", split="train", seed=0, max_score=2.0)
+    won = Episode(game=game, action_ids=[[1], [2]], score_deltas=[1.0, 1.0], invalid=[False, True], won=True)
+    lost = Episode(game=game, action_ids=[[1]], score_deltas=[0.0], invalid=[False], truncated=True)
+    failed = Episode(game=game, action_ids=[[1]], score_deltas=[0.0], invalid=[False], failed=True)
+    stats = rollout_stats([won, lost, failed], [[0.0, 1.0], [0.0], [5.0]], [0, 0, 1], group_size=2)
+    assert stats == {"rollout/success": 0.5, "rollout/return": 0.5, "rollout/score": 0.5, "rollout/turns": 1.5,
+                     "rollout/invalid_rate": 1 / 3, "rollout/truncated": 0.5, "rollout/failed_episodes": 1.0,
+                     "rollout/zero_variance_groups": 0.0}

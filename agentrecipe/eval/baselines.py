@@ -43,7 +43,7 @@ class Baseline:
             for i in live:
                 ep = episodes[i]
                 actions[i] = self.act(ep.observations[-1], ep.game, turn, rngs[i])
-                ep.actions.append([])  # no tokens: not a language model
+                ep.action_ids.append([])  # no tokens: not a language model
                 ep.logprobs.append([])
                 ep.allowed.append(None)
                 ep.action_texts.append(actions[i])

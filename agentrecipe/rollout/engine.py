@@ -125,7 +125,7 @@ class _Rollout:
             ep = self.episodes[i]
             if ep.done:
                 continue
-            ids, _, _ = encoder.prompt(ep.observations, ep.actions, self.caches[i])
+            ids, _, _ = encoder.prompt(ep.observations, ep.action_ids, self.caches[i])
             trie = (_admissible_trie(encoder, ep, self.caches[i], self.command_ids)
                     if settings.decoding == "admissible" else None)
             reply_room = settings.max_action_tokens
@@ -151,7 +151,7 @@ class _Rollout:
         gens = self.backend.generate(prompts, params, tries if settings.decoding == "admissible" else None, keys=batch)
         for i, gen in zip(batch, gens):
             ep = self.episodes[i]
-            ep.actions.append(gen.ids)
+            ep.action_ids.append(gen.ids)
             ep.logprobs.append(gen.logprobs)
             ep.allowed.append(gen.allowed)
             text = encoder.tokenizer.decode([t for t in gen.ids if t != encoder.eos_id], skip_special_tokens=True)

@@ -13,7 +13,7 @@ class Episode:
     game: GameSpec
     observations: list[Observation] = field(default_factory=list)
     """Observation before each turn, plus the final one (len = turns + 1 when the game went on)."""
-    actions: list[list[int]] = field(default_factory=list)
+    action_ids: list[list[int]] = field(default_factory=list)
     """Token ids each turn's reply was sampled as (eos included when generated)."""
     logprobs: list[list[float]] = field(default_factory=list)
     allowed: list[list[list[int]] | None] = field(default_factory=list)
@@ -53,7 +53,7 @@ class Episode:
 
     @property
     def turns(self) -> int:
-        return len(self.actions)
+        return len(self.action_ids)
 
     @property
     def score(self) -> float:

@@ -128,27 +128,35 @@ def bootstrap_pass(critic, batch: RLBatch) -> torch.Tensor:
                    at=at.to(packed.input_ids.device))
         out[eps] = v.detach().float().cpu()
     else:
-        _dummy_loss(critic, value=True)  # the same number of critic forwards on every rank
+        _dummy_value_loss(critic)  # the same number of critic forwards on every rank
     return out
 
 
-def _dummy_loss(model, value: bool = False) -> torch.Tensor:
-    """A forward on one token, times 0: a zero-weight minibatch that joins the collectives of its
-    forward (ZeRO-3 gathers) and, through backward, of the gradient all-reduce."""
+def _one_token(model):
+    """A packed row of one token on the model's device, and the node to read at."""
     packed = pack([[0]])
     dev = next(unwrap(model).parameters()).device
     packed.input_ids, packed.position_ids = packed.input_ids.to(dev), packed.position_ids.to(dev)
-    at = torch.zeros((1, 2), dtype=torch.long, device=dev)
-    if value:
-        dtype = next(unwrap(model).parameters()).dtype
-        out = model(packed.input_ids, packed.model_mask(dtype).to(dev), packed.position_ids, at=at)
-    else:
-        out = lm_logits_at(model, packed, at)
-    return out.float().sum() * 0.0
+    return packed, torch.zeros((1, 2), dtype=torch.long, device=dev)
 
 
-def _no_grad_chunks(fn, idx: list[int], mb: int, device, model, value: bool = False) -> list:
-    """fn(chunk) on chunks of `mb` sequences without gradient, then dummy forwards up to the
+def _dummy_policy_loss(actor) -> torch.Tensor:
+    """A policy forward on one token, times 0: a zero-weight minibatch that joins the collectives of
+    its forward (ZeRO-3 gathers) and, through backward, of the gradient all-reduce."""
+    packed, at = _one_token(actor)
+    return lm_logits_at(actor, packed, at).float().sum() * 0.0
+
+
+def _dummy_value_loss(critic) -> torch.Tensor:
+    """The same for the critic (value head)."""
+    packed, at = _one_token(critic)
+    dtype = next(unwrap(critic).parameters()).dtype
+    mask = packed.model_mask(dtype).to(packed.input_ids.device)
+    return critic(packed.input_ids, mask, packed.position_ids, at=at).float().sum() * 0.0
+
+
+def _no_grad_chunks(fn, idx: list[int], mb: int, device, dummy) -> list:
+    """fn(chunk) on chunks of `mb` sequences without gradient, then `dummy()` forwards up to the
     largest chunk count of any rank."""
     chunks = [idx[i : i + mb] for i in range(0, len(idx), mb)]
     out = []
@@ -157,7 +165,7 @@ def _no_grad_chunks(fn, idx: list[int], mb: int, device, model, value: bool = Fa
             if k < len(chunks):
                 out.append(fn(chunks[k]))
             else:
-                _dummy_loss(model, value)
+                dummy()
     return out
 
 
@@ -191,6 +199,29 @@ class _TimedPool:
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
+
+
+def rollout_stats(episodes: list, rewards: list[list[float]], group_of: list[int], group_size: int) -> dict[str, float]:
+    """`rollout/*` metrics of one step's episodes (failed ones only counted): success, return, score,
+    turns, invalid-action rate, truncation, and the share of groups whose rollouts all earned the
+    same return (no group signal; group methods only)."""
+    ok = [i for i, ep in enumerate(episodes) if not ep.failed]
+    played = [episodes[i] for i in ok]
+    episode_returns = [sum(rewards[i]) for i in ok]
+    n = max(len(played), 1)
+    stats = {
+        "rollout/success": sum(ep.won for ep in played) / n,
+        "rollout/return": sum(episode_returns) / n,
+        "rollout/score": sum(ep.score / max(ep.game.max_score, 1e-9) for ep in played) / n,
+        "rollout/turns": sum(ep.turns for ep in played) / n,
+        "rollout/invalid_rate": sum(sum(ep.invalid) for ep in played) / max(sum(ep.turns for ep in played), 1),
+        "rollout/truncated": sum(ep.truncated for ep in played) / n,
+        "rollout/failed_episodes": float(len(episodes) - len(played)),
+    }
+    if group_size >= 2 and ok:
+        stats["rollout/zero_variance_groups"] = zero_variance_fraction(
+            torch.tensor(episode_returns), torch.tensor([group_of[i] for i in ok]))
+    return stats
 
 
 def rl_train(
@@ -266,7 +297,7 @@ def rl_train(
         else:
             episodes = run_episodes([games[g] for g in group_of], backend, encoder, timed_pool, settings)
         t_rollout, t_env = time.time() - t0, timed_pool.seconds
-        gen_tokens = sum(len(a) for ep in episodes for a in ep.actions)
+        gen_tokens = sum(len(a) for ep in episodes for a in ep.action_ids)
         # 3. batch
         t1 = time.time()
         rewards = [turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in episodes]
@@ -285,7 +316,8 @@ def rl_train(
         reuse = set(plan[0][0]) if plan[0] and not (ref is not None and rl.kl_in_reward) else set()
         old_lp = ref_lp = old_values = kl = None
         policy = lambda m: lambda sel: policy_pass(m, batch, sel, temperature)  # noqa: E731
-        chunks = _no_grad_chunks(policy(unwrap(actor)), [i for i in idx if i not in reuse], mb, actor.device, unwrap(actor))
+        chunks = _no_grad_chunks(policy(unwrap(actor)), [i for i in idx if i not in reuse], mb, actor.device,
+                                 lambda: _dummy_policy_loss(unwrap(actor)))
         if batch is not None:
             mask = batch.action_mask
             old_lp = torch.zeros_like(mask)
@@ -294,7 +326,7 @@ def rl_train(
                 old_lp[rest[k * mb : (k + 1) * mb]] = lp
                 forwarded["policy"] += fwd
         if ref is not None:
-            ref_chunks = _no_grad_chunks(policy(ref), idx, mb, actor.device, ref)
+            ref_chunks = _no_grad_chunks(policy(ref), idx, mb, actor.device, lambda: _dummy_policy_loss(ref))
             if batch is not None:
                 ref_lp = torch.cat([lp for lp, _, _ in ref_chunks]) * mask
                 forwarded["ref"] += sum(fwd for _, _, fwd in ref_chunks)
@@ -303,12 +335,12 @@ def rl_train(
         bootstrap = None
         if critic is not None:
             value_chunks = _no_grad_chunks(lambda sel: value_pass(unwrap(critic), batch, sel), idx, mb, actor.device,
-                                           unwrap(critic), value=True)
+                                           lambda: _dummy_value_loss(unwrap(critic)))
             with torch.no_grad():
                 if batch is not None:
                     bootstrap = bootstrap_pass(unwrap(critic), batch)
                 else:
-                    _dummy_loss(unwrap(critic), value=True)  # as many critic forwards as the ranks with a batch
+                    _dummy_value_loss(unwrap(critic))  # as many critic forwards as the ranks with a batch
             if batch is not None:
                 old_values = torch.cat([v for v, _ in value_chunks]) * mask
                 forwarded["critic"] += sum(fwd for _, fwd in value_chunks)
@@ -339,10 +371,10 @@ def rl_train(
         for epoch in range(rl.update_epochs):
             for k, sel in enumerate(plan[epoch]):
                 if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
-                    actor.backward(_dummy_loss(actor))
+                    actor.backward(_dummy_policy_loss(actor))
                     actor.step()
                     if critic is not None:
-                        critic.backward(_dummy_loss(critic, value=True))
+                        critic.backward(_dummy_value_loss(critic))
                         critic.step()
                     continue
                 m, share = mask[sel], batch.share[sel]
@@ -387,22 +419,9 @@ def rl_train(
                 "perf/policy_forwarded_per_action_token_unpacked": plain * (1 + rl.update_epochs) / actions,
             })
         # 7. log and checkpoint
-        played = [i for i, ep in enumerate(episodes) if not ep.failed]
-        returns = [sum(rewards[i]) for i in played]
-        if rl.group_size >= 2 and played:  # groups whose rollouts all earned the same return: no group signal
-            stats["rollout/zero_variance_groups"] = zero_variance_fraction(
-                torch.tensor(returns), torch.tensor([group_of[i] for i in played]))
+        stats.update(rollout_stats(episodes, rewards, group_of, rl.group_size))
         stats.update(dapo_stats)
-        played = [episodes[i] for i in played]
-        n = max(len(played), 1)
         stats.update({
-            "rollout/success": sum(ep.won for ep in played) / n,
-            "rollout/return": sum(returns) / n,
-            "rollout/score": sum(ep.score / max(ep.game.max_score, 1e-9) for ep in played) / n,
-            "rollout/turns": sum(ep.turns for ep in played) / n,
-            "rollout/invalid_rate": sum(sum(ep.invalid) for ep in played) / max(sum(ep.turns for ep in played), 1),
-            "rollout/truncated": sum(ep.truncated for ep in played) / n,
-            "rollout/failed_episodes": float(len(episodes) - len(played)),
             "schedule/max_turns": float(max_turns),
             "perf/gen_tokens_per_s": gen_tokens / max(t_rollout - t_env, 1e-9),
             "perf/rollout_seconds": t_rollout,

@@ -150,7 +150,7 @@ def build_batch(
     """Tensors for the episodes that have at least one action and did not fail (None if none).
 
     Sequence tensors go to `device`; the per-episode layout stays on the CPU."""
-    keep = [i for i, ep in enumerate(episodes) if ep.actions and not ep.failed]
+    keep = [i for i, ep in enumerate(episodes) if ep.action_ids and not ep.failed]
     if not keep:
         return None
     seqs, seq_ep, seq_lp, seq_allowed, seq_keys = [], [], [], [], []
@@ -158,9 +158,9 @@ def build_batch(
     for e, i in enumerate(keep):
         ep = episodes[i]
         rewards.append(episode_rewards[i])
-        ep_turns.append([t for t, a in enumerate(ep.actions) for _ in a])
+        ep_turns.append([t for t, a in enumerate(ep.action_ids) for _ in a])
         cache: dict = {}
-        for ids, mask, turns in training_sequences(encoder, ep.observations, ep.actions, cache, context_turns=True):
+        for ids, mask, turns in training_sequences(encoder, ep.observations, ep.action_ids, cache, context_turns=True):
             seqs.append((ids, mask))
             seq_ep.append(e)
             seq_keys.append([None if t < 0 else (e, t) for t in turns])
@@ -175,8 +175,8 @@ def build_batch(
                         allowed[pos] = ep.allowed[t][j]
             seq_lp.append(lp)
             seq_allowed.append(allowed)
-        truncated = ep.truncated and len(ep.observations) == len(ep.actions) + 1
-        next_prompts.append(encoder.prompt(ep.observations, ep.actions, cache)[0] if truncated else None)
+        truncated = ep.truncated and len(ep.observations) == len(ep.action_ids) + 1
+        next_prompts.append(encoder.prompt(ep.observations, ep.action_ids, cache)[0] if truncated else None)
     n_actions = [len(t) for t in ep_turns]
     input_ids = pad_batch([s[0] for s in seqs], encoder.tokenizer.pad_token_id)
     action_mask = pad_batch([s[1] for s in seqs], 0, dtype=torch.float32)
