@@ -24,6 +24,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     from agentrecipe.config import AgentConfig, EnvConfig, EvalConfig, ModelConfig, load_config
     from agentrecipe.envs.check_games import failed_share_error, playable
+    from agentrecipe.envs.manifest import MANIFEST_NAME
     from agentrecipe.envs.pool import open_pool
     from agentrecipe.eval.baselines import BASELINES
     from agentrecipe.eval.evaluate import evaluate_policy, games_from_folder, load_policy, select_games, write_results
@@ -51,7 +52,7 @@ def _evaluate(args: argparse.Namespace) -> int:
           f"max_turns={eval_cfg.max_turns}, episodes={eval_cfg.episodes}, samples={eval_cfg.samples}, "
           f"temperature={eval_cfg.temperature}, pass_k={eval_cfg.pass_k}, seed={eval_cfg.seed}")
     games = games_from_folder(args.games, args.levels)
-    loose = not (Path(args.games) / "manifest.jsonl").exists()
+    loose = not (Path(args.games) / MANIFEST_NAME).exists()
     if loose:  # loose files: numbered in file-name order (not all seed 0), and all played unless --episodes
         games = [dataclasses.replace(g, seed=i) for i, g in enumerate(games)]
     env_name = games[0].env if games else cfg["env"].name

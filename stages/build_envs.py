@@ -9,6 +9,7 @@ import time
 from collections import Counter
 
 from agentrecipe.envs.build import build_curriculum
+from agentrecipe.envs.manifest import MANIFEST_NAME
 from stages.common import load_sections, stage_args
 
 
@@ -22,7 +23,7 @@ def main() -> None:
 
     counts = Counter((g.level, g.split) for g in games)
     print(f"{len(games)} {env_cfg.name} games in {seconds:.1f} s "
-          f"({seconds / max(len(games), 1):.2f} s/game, {env_cfg.workers} workers) -> {args.out}/manifest.jsonl")
+          f"({seconds / max(len(games), 1):.2f} s/game, {env_cfg.workers} workers) -> {args.out}/{MANIFEST_NAME}")
     for level in dict.fromkeys(g.level for g in games):
         splits = ", ".join(f"{s} {counts[level, s]}" for s in ("train", "valid", "test") if counts[level, s])
         print(f"  {level:24s} {splits}")

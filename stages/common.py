@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from agentrecipe import dist
 from agentrecipe.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def torch_threads() -> None:
 
 
 def is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    return dist.is_rank0()
 
 
 @contextlib.contextmanager

@@ -44,7 +44,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     levels = env.levels + env.ood_levels
-    games = select_games(read_manifest(Path(args.envs) / "manifest.jsonl", "test", levels), levels, eval_cfg.episodes)
+    games = select_games(read_manifest(args.envs, "test", levels), levels, eval_cfg.episodes)
     check_feasible(games, [eval_cfg.max_turns], "eval.max_turns")
     groups = {"in_domain": env.levels, "ood": env.ood_levels}
     start = time.perf_counter()

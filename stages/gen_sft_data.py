@@ -29,7 +29,7 @@ def main() -> None:
     cfg = load_sections(args.params, ["env", "agent", "budget"])
     env_cfg, agent, budget = cfg["env"], cfg["agent"], cfg["budget"]
     start = time.time()
-    games = pick_demo_games(read_manifest(Path(args.envs) / "manifest.jsonl", split="train"), env_cfg.levels, budget.n_demos)
+    games = pick_demo_games(read_manifest(args.envs, split="train"), env_cfg.levels, budget.n_demos)
     encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
     rows = []
     for game, observations, actions in replay_games(env_cfg, games):

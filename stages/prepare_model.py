@@ -19,7 +19,7 @@ def main() -> None:
     start = time.time()
     corpus = None
     if cfg["model"].name == "tiny":
-        games = read_manifest(f"{args.envs}/manifest.jsonl", split="train")
+        games = read_manifest(args.envs, split="train")
         corpus = []
         for _, observations, actions in replay_games(cfg["env"], games, "tokenizer corpus"):
             corpus += corpus_texts(observations, actions)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from agentrecipe.config import BudgetConfig, ConfigError, from_dict
-from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.envs.manifest import MANIFEST_NAME, read_manifest
 from agentrecipe.params import compose
 from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, split_rl_curves
 from agentrecipe.report.provenance import git_revision, params_diff, provenance_section
@@ -36,8 +36,8 @@ def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
     except ConfigError:
         budget = {}
     games: dict[str, dict[str, int]] = {}
-    if (envs / "manifest.jsonl").exists():
-        for g in read_manifest(envs / "manifest.jsonl"):
+    if (envs / MANIFEST_NAME).exists():
+        for g in read_manifest(envs):
             games.setdefault(g.level, {}).setdefault(g.split, 0)
             games[g.level][g.split] += 1
     timings = {}

@@ -12,12 +12,12 @@ e.g. `dvc repro -f`) writes out its final checkpoint's model and curves and says
 More than rl.max_failed_share failed episodes (broken games or environments) stop it.
 """
 
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
+from agentrecipe import dist
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.rollout import make_backend
 from agentrecipe.train.checkpoint import BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf
@@ -75,7 +75,7 @@ def main() -> None:
     torch_threads()
     start = time.time()
     env, rl = cfg["env"], cfg["rl"]
-    n_steps = num_steps(cfg["budget"].rl_episodes, rl, int(os.environ.get("WORLD_SIZE", "1")))
+    n_steps = num_steps(cfg["budget"].rl_episodes, rl, dist.world_size())
     checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
     fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)])
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,
@@ -89,7 +89,7 @@ def main() -> None:
         print(f"rl: budget leaves {cfg['budget'].rl_episodes} episodes, less than one step; SFT model passed through")
         return
     levels = sorted({lvl for phase in rl.curriculum for lvl in phase} | set(env.levels))
-    train_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="train", levels=levels)
+    train_games = read_manifest(args.envs, split="train", levels=levels)
     missing = sorted(set(levels) - {g.level for g in train_games})
     if missing:
         sys.exit(f"error: rl.curriculum / env.levels: no train games for {missing} in {args.envs}")
@@ -129,7 +129,7 @@ def main() -> None:
                 copy_live(metrics, run.checkpoint_dir / HISTORY)  # before the step's checkpoint is written
 
         guarded = failure_guard(log_and_keep, rl.max_failed_share, rl.episodes_per_step)
-        valid_games = read_manifest(Path(args.envs) / "manifest.jsonl", split="valid", levels=env.levels)
+        valid_games = read_manifest(args.envs, split="valid", levels=env.levels)
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
                                            lambda m, t: make_backend(run.rollout.backend, m, t), guarded,
                                            valid_games=valid_games)

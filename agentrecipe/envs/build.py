@@ -19,7 +19,7 @@ from tqdm import tqdm
 from agentrecipe.config import EnvConfig
 from agentrecipe.envs import registry
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.envs.manifest import SPLITS, write_manifest
+from agentrecipe.envs.manifest import MANIFEST_NAME, SPLITS, write_manifest
 
 Job = tuple[str, str, str, list[int], str, dict]  # family module, level, split, seeds, folder, options
 
@@ -109,5 +109,5 @@ def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = T
             games.extend(batch)
             bar.update(len(batch))
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_manifest(games, out_dir / "manifest.jsonl")
+    write_manifest(games, out_dir / MANIFEST_NAME)
     return sorted(games, key=lambda g: (g.level, SPLITS.index(g.split), g.seed))

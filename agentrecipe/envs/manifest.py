@@ -14,6 +14,8 @@ from pathlib import Path
 from agentrecipe.envs.base import GameSpec
 
 SPLITS = ("train", "valid", "test")
+MANIFEST_NAME = "manifest.jsonl"
+"""The manifest's file name in a games folder (build_envs' output)."""
 
 
 def game_to_row(game: GameSpec, root: Path) -> dict:
@@ -33,8 +35,11 @@ def write_manifest(games: list[GameSpec], path: str | Path) -> Path:
 
 
 def read_manifest(path: str | Path, split: str | None = None, levels: list[str] | None = None) -> list[GameSpec]:
-    """Games of the manifest, optionally only one split and some levels; paths made absolute."""
+    """Games of the manifest (its file, or the games folder holding it), optionally only one split
+    and some levels; paths made absolute."""
     path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: games manifest not found (run the build_envs stage first)")
     games = []

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.config import AgentConfig, EvalConfig
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.envs.manifest import MANIFEST_NAME, read_manifest
 from agentrecipe.eval.baselines import BASELINES, get_baseline
 from agentrecipe.eval.metrics import summarize_levels
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
@@ -179,7 +179,7 @@ def games_from_folder(folder: str | Path, levels: list[str] | None = None) -> li
     from agentrecipe.envs.alfworld.importer import games_in_folder
 
     folder = Path(folder)
-    manifest = folder / "manifest.jsonl"
+    manifest = folder / MANIFEST_NAME
     if manifest.exists():
         games = read_manifest(manifest, levels=levels)
         test = [g for g in games if g.split == "test"]

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import torch
 
+from agentrecipe import dist
 from agentrecipe.agent.decoding import TokenTrie
 from agentrecipe.rollout.backend import Generation, SamplingParams, row_temperatures
 
@@ -77,9 +78,9 @@ def engine_kwargs(**overrides) -> dict:
         kw["gpu_memory_utilization"] = float(os.environ.get("AGENTRECIPE_VLLM_GPU_MEMORY", "0.3"))
     if os.environ.get("AGENTRECIPE_VLLM_MAX_MODEL_LEN"):
         kw["max_model_len"] = int(os.environ["AGENTRECIPE_VLLM_MAX_MODEL_LEN"])
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if dist.world_size() > 1:
         kw["distributed_executor_backend"] = "external_launcher"  # one engine per rank, in the rank's process
-        kw["seed"] = int(os.environ.get("RANK", "0"))
+        kw["seed"] = dist.rank()
     kw.update(overrides)
     return kw
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from agentrecipe import dist
+
 
 def full_state_dict(engine_or_model) -> dict[str, torch.Tensor]:
     """The model's full state dict on CPU (gathers ZeRO-3 partitions)."""
@@ -54,7 +56,7 @@ def save_hf(engine_or_model, tokenizer, out_dir: str | Path) -> Path:
     """Write model + tokenizer to out_dir via a temporary folder and `replace_dir` (rank 0 only)."""
     out_dir = Path(out_dir)
     state = full_state_dict(engine_or_model)
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not dist.is_rank0():
         return out_dir
     module = getattr(engine_or_model, "module", engine_or_model)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
@@ -163,7 +165,7 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
     root = Path(root)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
-    rank0 = int(os.environ.get("RANK", "0")) == 0
+    rank0 = dist.is_rank0()
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -229,7 +231,7 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
 def _move_aside(path: Path) -> str:
     """Rename a broken checkpoint to step_NNNNNN.corrupt (rank 0), out of every later search."""
     aside = path.with_name(path.name + CORRUPT_SUFFIX)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if dist.is_rank0():
         shutil.rmtree(aside, ignore_errors=True)
         path.rename(aside)
     return aside.name
@@ -286,7 +288,7 @@ def save_best(root: str | Path, step: int, actor, tokenizer, stats: dict) -> Pat
     calls it: ZeRO-3 gathers the weights; rank 0 writes)."""
     root = Path(root)
     new = save_hf(actor, tokenizer, root / (BEST_DIR + ".new"))
-    if int(os.environ.get("RANK", "0")) == 0:
+    if dist.is_rank0():
         record = {"step": step, "valid/success": stats["valid/success"], "valid/score": stats["valid/score"]}
         (new / BEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
         replace_dir(new, root / BEST_DIR)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from agentrecipe import dist
 from agentrecipe.config import DeepSpeedConfig
 
 
@@ -65,7 +66,7 @@ def ds_config(ds: DeepSpeedConfig, dtype: torch.dtype, lr: float, micro_batch: i
     """The DeepSpeed JSON config for our settings (AdamW; the schedule is `warmup_linear_decay`);
     `dtype` is the weights' dtype (model.dtype, the one name for it): bfloat16 / float16 switch on
     the engine's bf16 / fp16 mode."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = dist.world_size()
     cfg: dict = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "train_batch_size": micro_batch * world,
