@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flows.serve import NO_TELEMETRY
+
 
 @dataclass
 class Dag:
@@ -93,7 +95,8 @@ def dvc_env(project_dir: str | Path) -> dict[str, str]:
     """
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.setdefault("DVC_NO_ANALYTICS", "1")
+    for key, value in NO_TELEMETRY.items():
+        env.setdefault(key, value)
     env["PYTHONUNBUFFERED"] = "1"
     if "DVC_SITE_CACHE_DIR" not in env and (cache := site_cache_dir(project_dir)):
         env["DVC_SITE_CACHE_DIR"] = cache

@@ -20,12 +20,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+NO_TELEMETRY = {"DO_NOT_TRACK": "1", "DVC_NO_ANALYTICS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+"""Every process the flows start sends nothing home (the Makefile exports the same for `make`)."""
 # Measured on these machines (shared/NOTES.md): a busy machine needs more than the default 20 s.
-PREFECT_ENV = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-}
+PREFECT_ENV = {**NO_TELEMETRY, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 
 
 def prefect_env(prefect_home: str | Path | None = None) -> dict[str, str]:

@@ -134,13 +134,9 @@ def test_deployments_of_prefect_yaml_load():
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory):
     """A temporary Prefect server and database for the whole session (about 15 s to start)."""
-    env = {
-        "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
-        "DO_NOT_TRACK": "1",
-        "DVC_NO_ANALYTICS": "1",
-    }
+    from flows.serve import PREFECT_ENV
+
+    env = {"PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")), **PREFECT_ENV}
     with pytest.MonkeyPatch.context() as mp:
         for key, value in env.items():
             mp.setenv(key, value)
