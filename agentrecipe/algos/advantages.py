@@ -1,9 +1,13 @@
 """Advantage estimators for multi-turn episodes, as pure tensor functions.
 
-Batch conventions (produced by the rollout engine):
-    action_mask  (B, T)  1 on tokens the policy generated, 0 on prompt /
-                         observation / padding tokens
-    turn_ids     (B, T)  long, turn index n of each generated token, -1 elsewhere
+Batch conventions. The trainer passes each episode's ACTION-TOKEN LAYOUT
+(`RLBatch.ep_*`): row b is episode b, column t its t-th generated token in
+order, i.e. the token sequence with every prompt and observation token
+skipped (so B = episodes, T = the most action tokens of any episode):
+    action_mask  (B, T)  1 on the episode's action tokens, 0 on padding (the
+                         functions also accept full sequences with 0 on
+                         prompt / observation tokens: recursions skip them)
+    turn_ids     (B, T)  long, turn index n of each action token, -1 on padding
     turn_rewards (B, N)  one reward per turn; turn_mask (B, N) marks real turns
     group_ids    (B,)    long, episodes of the same game share an id
     values       (B, T)  critic values V(x_<=t) (PPO only)
