@@ -35,7 +35,7 @@ timeout 240 "$PY" -m pytest -q -m vllm tests/test_vllm_backend.py
 step "one RL step: SmolLM2-135M, rollout.backend=vllm, ZeRO-2 bf16 (outputs in $WORK)"
 # budget: 14 units, 1 demo (10 units) -> 4 RL episodes = one step of 2 games x 2 rollouts
 "$PY" -m agentrecipe.cli compose-params experiment=micro model=smollm2-135m model.dtype=bfloat16 \
-  rollout=vllm deepspeed=zero2 deepspeed.precision=bf16 budget.total_units=14 budget.sft_fraction=0.72 \
+  rollout=vllm deepspeed=zero2 budget.total_units=14 budget.sft_fraction=0.72 \
   'env.ood_levels=[]' --output "$WORK/params.yaml"
 P=(--params "$WORK/params.yaml")
 timeout 120 "$PY" -m stages.build_envs "${P[@]}" --out "$WORK/envs"
