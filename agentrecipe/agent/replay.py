@@ -42,9 +42,10 @@ def replay_games(env, games: list[GameSpec], desc: str = "expert replays"):
     from tqdm import tqdm
 
     if env.remote:
-        from agentrecipe.envs.remote_pool import PoolEnv, RemotePool
+        from agentrecipe.envs.pool import open_pool
+        from agentrecipe.envs.remote_pool import PoolEnv
 
-        with RemotePool(env.name, env.remote, timeout=env.step_timeout) as pool:
+        with open_pool(env.name, env.family_options, 1, env.step_timeout, env.remote) as pool:
             served = PoolEnv(pool)
             for game in tqdm(games, desc=desc):
                 yield (game, *replay_expert(served, game))
