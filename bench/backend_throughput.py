@@ -81,14 +81,20 @@ def main() -> None:
             # Rows that sample eos early count fewer tokens (rare with a random model; real models stop at eos).
             params = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
             backend.generate(prompts, params, tr)  # warm-up (and prefix cache fill, as in a live episode)
+            calls = getattr(backend, "stats", {}).get("engine_calls", 0)
             n_tok, t = 0, time.time()
             for r in range(args.repeats):
                 params.seed = r + 1
                 n_tok += sum(len(gen.ids) for gen in backend.generate(prompts, params, tr))
             dt = time.time() - t
+            # vLLM: engine calls per `generate` (one turn of a batch of episodes)
+            per_turn = (getattr(backend, "stats", {}).get("engine_calls", 0) - calls) / args.repeats
             results[f"{name}/{mode}"] = round(n_tok / dt, 1)
+            if name != "hf":
+                results[f"{name}/{mode}/engine_calls_per_turn"] = per_turn
             print(f"{name:5s} {mode:10s} batch {args.batch} x {args.prompt_len} prompt: "
-                  f"{n_tok / dt:8.1f} generated tokens/s ({n_tok} tokens in {dt:.2f}s; startup {startup:.1f}s)", flush=True)
+                  f"{n_tok / dt:8.1f} generated tokens/s ({n_tok} tokens in {dt:.2f}s; startup {startup:.1f}s"
+                  + (f"; {per_turn:.1f} engine calls per turn" if name != "hf" else "") + ")", flush=True)
         if hasattr(backend, "close"):
             backend.close()
     print(json.dumps(results))

@@ -12,6 +12,7 @@ from agentrecipe.models.registry import build_tiny
 from agentrecipe.models.tokenizer import train_tokenizer
 from agentrecipe.rollout.backend import SamplingParams
 from agentrecipe.rollout.hf_backend import HFBackend
+from agentrecipe.rollout.vllm_trie import TRIE_KEY, allowed_sets, trie_args
 from agentrecipe.train.logprobs import pad_batch, token_logprobs
 
 torch.set_num_threads(1)
@@ -100,6 +101,14 @@ def test_trie_allows_only_continuations():
     assert trie.allowed([1]) == [2, 3]
     assert trie.allowed([1, 2]) == [9]
     assert trie.allowed([1, 2, 9]) == [] and trie.allowed([7]) == []
+
+
+def test_allowed_sets_rebuild_what_constrained_decoding_sampled_from():
+    """vLLM's trie processor returns ids only; training's allowed sets come from the trie after the fact."""
+    trie = TokenTrie([[1, 2, 9], [1, 3, 9], [4, 9]])
+    assert allowed_sets(trie, [1, 3, 9]) == [[1, 4], [2, 3], [9]]
+    assert allowed_sets(trie, [4, 9]) == [[1, 4], [9]]
+    assert trie_args(trie, 9) == {TRIE_KEY: {"commands": [[1, 2, 9], [1, 3, 9], [4, 9]], "eos": 9}}
 
 
 def test_constrained_sampling_emits_admissible_commands_with_on_policy_logprobs(tokenizer):

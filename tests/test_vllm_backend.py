@@ -104,6 +104,19 @@ def test_constrained_greedy_matches_hf(setup):
         assert b.logprobs == pytest.approx(a.logprobs, abs=2e-3)
 
 
+def test_one_engine_call_per_turn(setup):
+    """A turn of constrained rows (and free ones beside them) is one `LLM.generate`, however many
+    branching tokens the commands have."""
+    _, _, vl = setup
+    ps, tries = prompts(4, seed=10), tries_for(4, seed=11)
+    calls = vl.stats["engine_calls"]
+    gens = vl.generate(ps, SamplingParams(temperature=1.0, max_new_tokens=12, seed=3), tries[:2] + [None, None])
+    assert vl.stats["engine_calls"] - calls == 1
+    assert all(g.finished and g.ids[-1] == EOS for g in gens[:2]) and gens[2].allowed is None
+    for g, trie in zip(gens[:2], tries):
+        assert g.ids in trie.sequences
+
+
 @pytest.mark.parametrize("constrained", [False, True])
 def test_sampled_logprobs_are_on_policy(setup, constrained):
     """Sampling at T=0.7: each returned log-prob equals the trainer's recomputation (constrained: renormalised)."""

@@ -24,6 +24,7 @@ class TokenTrie:
     def __init__(self, sequences: list[list[int]]):
         if not sequences:
             raise ValueError("TokenTrie needs at least one sequence")
+        self.sequences = [list(seq) for seq in sequences]
         self.root: dict[int, dict] = {}
         for seq in sequences:
             node = self.root

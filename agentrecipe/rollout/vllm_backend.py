@@ -13,19 +13,19 @@ Semantics kept from HFBackend (agentrecipe/rollout/hf_backend.py):
 - Log-probs are those of the distribution actually sampled from:
   `logprobs_mode="processed_logprobs"` returns log softmax after the allowed-token
   mask, temperature and top-p (greedy: log softmax of the raw logits), as HF does.
-- Constrained decoding (a TokenTrie per prompt): token by token. At each step
-  the requests whose trie node has two or more children are sent with
-  `max_tokens=1` and `allowed_token_ids` = the children; vLLM masks every other
-  token to -inf before the softmax, so the log-prob it returns is that of
-  p_c(y_t) = p(y_t) / sum_{v in allowed_t} p(v), the renormalised distribution
-  of agent/decoding.py. A node with one child is taken without an engine call:
-  its constrained log-prob is exactly 0 (as HF computes it). So only branching
-  points cost an engine step (usually the first one or two tokens of a
-  command), and prefix caching makes each step prefill only the tokens after
-  the last full cached block. Scoring every admissible command with
-  `prompt_logprobs` instead was rejected: vLLM skips the prefix cache for
-  requests that ask for prompt log-probs, so every command would re-prefill
-  the whole prompt.
+- Constrained decoding (a TokenTrie per prompt) runs inside the engine: each
+  request carries its commands' token ids and `vllm_trie.TrieLogitsProcessor`
+  masks every token outside the trie's allowed set to -inf before each decode
+  step, so one `LLM.generate` per turn decodes every row, free or constrained,
+  to its end. vLLM applies the mask before the softmax, so the log-prob it
+  returns is that of p_c(y_t) = p(y_t) / sum_{v in allowed_t} p(v), the
+  renormalised distribution of agent/decoding.py, and a node with one child
+  gives exactly 0 (as HF computes it). The per-token allowed sets for training
+  are rebuilt from the trie after the fact (`vllm_trie.allowed_sets`). Before,
+  the backend made one engine call per branching token (`max_tokens=1`,
+  `allowed_token_ids` = the node's children). Scoring every admissible command
+  with `prompt_logprobs` was rejected: vLLM skips the prefix cache for requests
+  that ask for prompt log-probs.
 - Prefix caching is on: within an episode each turn's prompt extends the last
   one, so only the new observation is prefilled (`RequestOutput.num_cached_tokens`).
 - `update_weights(model)` streams the state dict (gathered under ZeRO-3) into
@@ -53,6 +53,7 @@ import torch
 from agentrecipe import dist
 from agentrecipe.agent.decoding import TokenTrie
 from agentrecipe.rollout.backend import Generation, SamplingParams, row_temperatures
+from agentrecipe.rollout.vllm_trie import TRIE_PROCESSOR, allowed_sets, trie_args
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 SEED_MOD = 2**62
@@ -73,6 +74,7 @@ def engine_kwargs(**overrides) -> dict:
         "skip_tokenizer_init": True,
         "enforce_eager": os.environ.get("AGENTRECIPE_VLLM_EAGER", "1" if on_cpu else "0") == "1",
         "hf_overrides": {"quantization_config": None},  # a GGUF-converted config may still name its quantisation
+        "logits_processors": [TRIE_PROCESSOR],  # admissible-command decoding (rollout/vllm_trie.py)
     }
     if not on_cpu:
         kw["gpu_memory_utilization"] = float(os.environ.get("AGENTRECIPE_VLLM_GPU_MEMORY", "0.3"))
@@ -156,76 +158,40 @@ class VLLMBackend:
         self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
         keys: list | None = None,
     ) -> list[Generation]:
-        """`keys` are ignored (prefix caching reuses each episode's earlier turns without them)."""
+        """One engine call for the whole batch, free and constrained rows alike (`keys` are ignored:
+        prefix caching reuses each episode's earlier turns without them)."""
         if not prompts:
             return []
-        tries = tries or [None] * len(prompts)
-        out = [Generation(ids=[], logprobs=[], allowed=[] if t is not None else None, finished=False) for t in tries]
-        # Free requests run to the end in the first engine call; constrained ones advance token by token.
-        free = [i for i, t in enumerate(tries) if t is None]
-        live = [i for i, t in enumerate(tries) if t is not None]
-        for step in range(params.max_new_tokens + 1):
-            ask: list[tuple[int, list[int]]] = []  # (request, allowed ids) needing an engine step
-            for i in list(live):
-                g = out[i]
-                while len(g.ids) < params.max_new_tokens:
-                    allowed = tries[i].allowed(g.ids)
-                    if len(allowed) != 1:
-                        break
-                    g.ids.append(allowed[0])  # forced: p_c = 1, log-prob exactly 0
-                    g.logprobs.append(0.0)
-                    g.allowed.append(allowed)
-                    if allowed[0] == self.eos_id:
-                        g.finished = True
-                        break
-                if g.finished or len(g.ids) >= params.max_new_tokens or not allowed:
-                    live.remove(i)
-                else:
-                    ask.append((i, allowed))
-            requests = [(i, None, params.max_new_tokens) for i in free] if step == 0 else []
-            requests += [(i, allowed, 1) for i, allowed in ask]
-            if not requests:
-                break
-            results = self._engine_step(prompts, out, requests, params, step)
-            for (i, allowed, _), (ids, lps, finished) in zip(requests, results):
-                out[i].ids.extend(ids)
-                out[i].logprobs.extend(lps)
-                if allowed is not None:
-                    out[i].allowed.append(allowed)
-                    finished = ids[-1] == self.eos_id
-                    if finished:
-                        live.remove(i)
-                out[i].finished = finished
-        return out
-
-    def _engine_step(self, prompts, out, requests, params: SamplingParams, step: int):
-        """One `LLM.generate` over `requests` = [(index, allowed ids or None, max tokens)]."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        tries = tries or [None] * len(prompts)
         temperatures = row_temperatures(params, len(prompts))
-        batch, sps = [], []
-        for i, allowed, max_tokens in requests:
+        sps = []
+        for i, trie in enumerate(tries):
             greedy = temperatures[i] == 0
-            seed = None if params.seed is None else (params.seed * 1_000_003 + i * 10_007 + step) % SEED_MOD
+            seed = None if params.seed is None else (params.seed * 1_000_003 + i * 10_007) % SEED_MOD
             sps.append(VSamplingParams(
                 n=1, temperature=temperatures[i], top_p=1.0 if greedy else params.top_p,
-                max_tokens=max_tokens, seed=seed, logprobs=0, ignore_eos=True, stop_token_ids=[self.eos_id],
-                allowed_token_ids=allowed, detokenize=False, skip_special_tokens=False,
+                max_tokens=params.max_new_tokens, seed=seed, logprobs=0, ignore_eos=True, stop_token_ids=[self.eos_id],
+                detokenize=False, skip_special_tokens=False,
+                extra_args=None if trie is None else trie_args(trie, self.eos_id),
             ))
-            batch.append(TokensPrompt(prompt_token_ids=list(prompts[i]) + out[i].ids))
-        results = self.llm.generate(batch, sps, use_tqdm=False)
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], sps, use_tqdm=False)
         self.stats["engine_calls"] += 1
-        parsed = []
-        for req in results:
+        out = []
+        for req, trie in zip(results, tries):
             comp = req.outputs[0]
             ids = list(comp.token_ids)
-            lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
             self.stats["prompt_tokens"] += len(req.prompt_token_ids)
             self.stats["cached_tokens"] += req.num_cached_tokens or 0
             self.stats["generated_tokens"] += len(ids)
-            parsed.append((ids, lps, bool(ids) and ids[-1] == self.eos_id))
-        return parsed
+            out.append(Generation(
+                ids=ids, logprobs=[float(d[t].logprob) for t, d in zip(ids, comp.logprobs)],
+                allowed=None if trie is None else allowed_sets(trie, ids),
+                finished=bool(ids) and ids[-1] == self.eos_id,
+            ))
+        return out
 
     def close(self) -> None:
         """Shut the engine down (its processes would otherwise outlive a killed parent)."""
