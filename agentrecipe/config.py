@@ -351,6 +351,10 @@ class RLConfig:
     """Unit that gamma (and PPO's lam) apply once per, for every estimator: each action token, or each turn."""
     whiten_advantages: bool
     """PPO only: whiten the GAE advantages over the step batch (veRL; CleanRL per minibatch)."""
+    bootstrap_truncated: bool
+    """PPO: an episode cut by the turn or context limit bootstraps from V(s_H) (true) or ends with
+    value 0 like one the game ended (false, the default: the limit is part of the task; see
+    params/rl/grpo.yaml)."""
     vf_coef: float
     value_clip: float
     turn_level_returns: bool

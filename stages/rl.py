@@ -55,9 +55,13 @@ def failure_guard(log, limit: float, episodes_per_step: int):
     return guarded
 
 
-def export_best(checkpoint_dir: Path, out: str) -> None:
-    """rl.keep_best: the best validated model (with its best.json) becomes the stage's model."""
-    best = read_best(checkpoint_dir)
+def best_to_export(keep_best: bool, checkpoint_dir: Path) -> dict | None:
+    """The best validation's record when rl.keep_best and one was kept: its model is the stage's then."""
+    return read_best(checkpoint_dir) if keep_best else None
+
+
+def export_best(best: dict, checkpoint_dir: Path, out: str) -> None:
+    """The best validated model (with its best.json) becomes the stage's model."""
     copy_model(checkpoint_dir / BEST_DIR, out)
     print(f"rl: keep_best: exported the model of step {best['step']} (valid success {best['valid/success']:.2f}, "
           f"score {best['valid/score']:.2f}), not the last step's")
@@ -110,9 +114,10 @@ def main() -> None:
         elif ckpt is not None:
             print(f"rl: no DVCLive history beside {ckpt}: the curves start after step {first}")
     if first >= n_steps:
-        if rank0:
-            export_best(run.checkpoint_dir, args.out) if rl.keep_best and read_best(run.checkpoint_dir) else \
-                copy_model(ckpt / "model", args.out)
+        if rank0 and (best := best_to_export(rl.keep_best, run.checkpoint_dir)):
+            export_best(best, run.checkpoint_dir, args.out)
+        elif rank0:
+            copy_model(ckpt / "model", args.out)
         print(f"rl: this config (fingerprint {fingerprint}: the same params, code and inputs) already trained all "
               f"{n_steps} steps; DVC reran the stage (dvc repro -f, or its outputs were removed): its final checkpoint "
               f"{ckpt} and its curves are written out unchanged, no step is run. "
@@ -133,11 +138,11 @@ def main() -> None:
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
                                            lambda m, t: make_backend(run.rollout.backend, m, t), guarded,
                                            valid_games=valid_games)
-        if rl.keep_best and read_best(run.checkpoint_dir):
+        if best := best_to_export(rl.keep_best, run.checkpoint_dir):
             if rank0:
-                export_best(run.checkpoint_dir, args.out)
+                export_best(best, run.checkpoint_dir, args.out)
         else:
-            save_hf(actor, tokenizer, Path(args.out))
+            save_hf(actor, tokenizer, Path(args.out))  # every rank: ZeRO-3 gathers the weights
         print(f"rl: {rl.algo}, steps {first + 1}..{n_steps} of {n_steps} "
               f"({(n_steps - first) * rl.episodes_per_step} episodes this run), "
               f"{pool.failures} env failures, {time.time() - start:.1f}s -> {args.out}")

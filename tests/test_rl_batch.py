@@ -19,7 +19,7 @@ from agentrecipe.rollout.hf_backend import HFBackend
 from agentrecipe.train import rl as rl_mod
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.logprobs import token_logprobs
-from agentrecipe.train.rl import bootstrap_pass, policy_pass, value_pass
+from agentrecipe.train.rl import bootstrap_pass, policy_pass, truncation_values, value_pass
 from agentrecipe.train.rl_batch import build_batch
 from tests import walk_env
 
@@ -111,6 +111,20 @@ def test_truncated_episodes_carry_the_state_after_their_last_action(model, token
                 assert float(v[e]) == pytest.approx(float(critic(x, torch.ones_like(x))[0, -1]), abs=1e-5)
             else:
                 assert float(v[e]) == 0.0
+
+
+def test_truncated_episodes_end_at_value_zero_when_bootstrap_is_off(model, tokenizer, walk_pool):
+    _, _, batch = play(model, tokenizer, walk_pool, 2, "admissible", max_turns=3)
+    critic = ValueModel(model.model, model.config.hidden_size)
+    torch.nn.init.normal_(critic.head.weight)
+    calls = []
+    critic.register_forward_hook(lambda *a: calls.append(1))
+    with torch.no_grad():
+        assert truncation_values(critic, batch, bootstrap=False) is None
+        assert calls == []  # no critic forward at all
+        on = truncation_values(critic, batch, bootstrap=True)
+    assert len(calls) == 1 and torch.equal(on, bootstrap_pass(critic, batch))
+    assert on[3] != 0 and on[0] == 0
 
 
 def test_episode_shares_weigh_every_episode_alike(model, tokenizer, walk_pool):

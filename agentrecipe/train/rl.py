@@ -132,6 +132,19 @@ def bootstrap_pass(critic, batch: RLBatch) -> torch.Tensor:
     return out
 
 
+def truncation_values(critic, batch: RLBatch | None, bootstrap: bool) -> torch.Tensor | None:
+    """The values GAE continues from after each episode's last action: `bootstrap_pass` when
+    `rl.bootstrap_truncated`, else None (every episode ends with value 0, as if the game had
+    ended it). A rank without a batch runs the dummy forward its peers' pass needs; the flag is
+    the same on every rank, so either all ranks forward or none."""
+    if not bootstrap:
+        return None
+    if batch is None:
+        _dummy_value_loss(critic)
+        return None
+    return bootstrap_pass(critic, batch)
+
+
 def _one_token(model):
     """A packed row of one token on the model's device, and the node to read at."""
     packed = pack([[0]])
@@ -337,10 +350,7 @@ def rl_train(
             value_chunks = _no_grad_chunks(lambda sel: value_pass(unwrap(critic), batch, sel), idx, mb, actor.device,
                                            lambda: _dummy_value_loss(unwrap(critic)))
             with torch.no_grad():
-                if batch is not None:
-                    bootstrap = bootstrap_pass(unwrap(critic), batch)
-                else:
-                    _dummy_value_loss(unwrap(critic))  # as many critic forwards as the ranks with a batch
+                bootstrap = truncation_values(unwrap(critic), batch, rl.bootstrap_truncated)
             if batch is not None:
                 old_values = torch.cat([v for v, _ in value_chunks]) * mask
                 forwarded["critic"] += sum(fwd for _, fwd in value_chunks)
