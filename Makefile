@@ -20,7 +20,7 @@ export DVC_SITE_CACHE_DIR := $(CURDIR)/.cache/dvc-site
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install params ui clean-data
+.PHONY: run test install params ui clean-data ablation-effects
 
 install: $(STAMP)
 
@@ -52,6 +52,11 @@ params: install
 PREFECT_PORT ?= 4200
 ui: install
 	$(PY) -m flows.serve --host 127.0.0.1 --port $(PREFECT_PORT)
+
+# Each README ablation command on the micro preset, in a fresh clone of HEAD, with a check that it
+# does what it says (scripts/ablation_effects.py; about 20 minutes on 2 cores).
+ablation-effects: install
+	$(PY) scripts/ablation_effects.py
 
 clean-data:
 	rm -rf data/envs data/sft data/models data/rl data/eval data/report
