@@ -161,8 +161,9 @@ def masked_gae(
     After the last action token V_{t'} = `bootstrap_values` (B,), default 0.
     Pass 0 for an episode the game ended (terminal) and V(s_H), the critic's
     value of the state after the last action, for one cut by a turn or
-    context limit the state does not show: a time limit must bootstrap
-    (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+    context limit that is not part of the task: such a time limit must
+    bootstrap (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
+    The trainer passes it only with rl.bootstrap_truncated (see params).
 
     So the last action token of turn n bootstraps from the value at the first
     action token of turn n + 1. With step ends on turn ends only, every token
