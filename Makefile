@@ -40,9 +40,11 @@ run: install
 
 # Two pytest workers (pytest-xdist), one per core; PYTEST_ARGS narrows a run,
 # e.g. make test PYTEST_ARGS='-x tests/test_rl.py' (add -n 0 for one process).
+# --dist loadgroup: tests marked xdist_group(name) share one worker (and so their module
+# fixtures); the rest go to whichever worker is free. --durations: where the time went.
 PYTEST_ARGS ?=
 test: install
-	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 params: install
 	$(PY) -m agentrecipe.cli compose-params

@@ -150,3 +150,27 @@ def test_show_transcript_prints_an_episode_readably(tmp_path, capsys):
     assert "--- turn 0\n  You are in a kitchen.\n  admissible: go east, look\n! go west\n--- turn 1" in out
     assert "> go east" in out
     assert main(["show-transcript", "--transcripts", str(path), "--policy", "base"]) == 1
+
+
+def test_compare_folds_params_that_do_not_fit_into_what_differs_from_the_common_value():
+    from agentrecipe.report.compare import changes_rows, format_table, short_names
+
+    assert short_names(["rollout.max_turns", "eval.max_turns", "rl.algo", "env.levels", "env.ood_levels"]) == {
+        "rollout.max_turns": "rollout.max_turns", "eval.max_turns": "eval.max_turns", "rl.algo": "algo",
+        "env.levels": "levels", "env.ood_levels": "ood_levels"}
+    cells = {"rl in-domain": "50.0 [9.4, 90.5]", "rl ood": "0.0 [0.0, 65.8]"}
+    table = [{"experiment": "main", "state": "baseline", "env.levels": '["a"]', "rl.algo": "grpo", **cells},
+             {"experiment": "abl-b", "state": "success", "env.levels": '["b"]', "rl.algo": "grpo", **cells},
+             {"experiment": "abl-ppo", "state": "success", "env.levels": '["b"]', "rl.algo": "ppo", **cells}]
+    folded = changes_rows(table, ["env.levels", "rl.algo"])
+    assert list(folded[0]) == ["experiment", "state", "rl in-domain", "rl ood", "differs from the most common value"]
+    assert [r["differs from the most common value"] for r in folded] == ['levels=["a"]', "", "algo=ppo"]
+    # a tie goes to the earliest row (the baseline): only the others show their value
+    tie = changes_rows(table[:2], ["env.levels"])
+    assert [r["differs from the most common value"] for r in tie] == ["", 'levels=["b"]']
+    # cutting spares the `keep` columns while the others can give way
+    text = format_table(folded, width=70, keep=("experiment", "rl in-domain", "rl ood"))
+    assert all(len(line) <= 70 for line in text.splitlines())
+    assert "50.0 [9.4, 90.5]" in text and "abl-ppo " in text and "differs from…" in text
+    # when even that is not enough, the kept columns are cut too: the line still fits
+    assert all(len(line) <= 50 for line in format_table(folded, width=50, keep=("experiment",)).splitlines())

@@ -2,8 +2,10 @@
 
 `dvc exp show` lists every param and every metric cell (hundreds of columns).
 This reads its `--json` output and keeps what a comparison needs: the
-experiment, its state, the params that differ between the experiments shown,
-and one policy's in-domain and out-of-domain success with its 95% interval.
+experiment, its state, the params that differ between the experiments shown
+(a column each, or, when they do not fit, one column saying per row what differs
+from the most common value), and one policy's in-domain and out-of-domain
+success with its 95% interval.
 An experiment that did not succeed shows no numbers: DVC gives a failed
 experiment its baseline's metrics, which are not its own.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -114,14 +117,46 @@ def rows(records: list[dict[str, Any]], params: list[str], policy: str = "rl") -
     ]
 
 
-def format_table(table: list[dict[str, str]], width: int = 120) -> str:
-    """Aligned plain-text columns; the widest cells are cut (…), down to 8 characters, until a line fits `width`."""
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each dotted key's shortest suffix that no other key ends with: env.levels -> levels."""
+    def suffix(key: str, n: int) -> str:
+        return ".".join(key.split(".")[-n:])
+
+    out = {}
+    for key in keys:
+        n = 1
+        while n < key.count(".") + 1 and any(o != key and (o == suffix(key, n) or o.endswith("." + suffix(key, n)))
+                                             for o in keys):
+            n += 1
+        out[key] = suffix(key, n)
+    return out
+
+
+def changes_rows(table: list[dict[str, str]], params: list[str]) -> list[dict[str, str]]:
+    """`rows` with the param columns folded into one: per row, `name=value` of each param whose value
+    differs from the most common one among the rows (ties: the earliest row's, so the baseline's)."""
+    names = short_names(params)
+    common = {p: Counter(r[p] for r in table).most_common(1)[0][0] for p in params}
+    return [{**{k: v for k, v in r.items() if k not in params},
+             "differs from the most common value": " ".join(f"{names[p]}={r[p]}" for p in params if r[p] != common[p])}
+            for r in table]
+
+
+def _width(size: dict[str, int]) -> int:
+    return sum(size.values()) + 2 * (len(size) - 1)
+
+
+def format_table(table: list[dict[str, str]], width: int = 120, keep: tuple[str, ...] = ()) -> str:
+    """Aligned plain-text columns; the widest cells are cut (…), down to 8 characters, until a line
+    fits `width`: columns not in `keep` first, then the `keep` ones too."""
     if not table:
         return "(no experiments)"
     cols = list(table[0])
     size = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols}
-    while sum(size.values()) + 2 * (len(cols) - 1) > width and max(size.values()) > 8:
-        size[max(size, key=size.get)] -= 1
+    for cuttable in ([c for c in cols if c not in keep], cols):
+        while _width(size) > width and cuttable and max(size[c] for c in cuttable) > 8:
+            widest = max(cuttable, key=size.get)
+            size[widest] -= 1
 
     def cut(text: str, n: int) -> str:
         return text if len(text) <= n else text[: n - 1] + "…"
@@ -140,4 +175,9 @@ def compare(project: str | Path = ".", names: list[str] | None = None, params: l
         if missing := [n for n in names if n not in by_name]:
             raise ValueError(f"unknown experiment(s) {', '.join(missing)}; known: {', '.join(by_name)}")
         records = [by_name[n] for n in names]
-    return format_table(rows(records, params or varying_params(records), policy), width)
+    params = params or varying_params(records)
+    table = rows(records, params, policy)
+    results = ("experiment", f"{policy} in-domain", f"{policy} ood")
+    if params and _width({c: max(len(c), *(len(r[c]) for r in table)) for c in table[0]}) > width:
+        table = changes_rows(table, params)  # too many params for a column each
+    return format_table(table, width, keep=results)
