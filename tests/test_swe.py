@@ -254,3 +254,77 @@ def test_episode_folders_are_removed_on_close_and_after_a_crash(calc_tasks):
     sweep_stale()
     assert mine.exists()  # a live process's folder stays
     mine.rmdir()
+
+
+def _sdist(folder: Path, files: dict[str, str], top: str = "calc-0.1") -> Path:
+    """A .tar.gz sdist of `files` under `top/` in folder/sdists, as `pip download` leaves it."""
+    import io
+    import tarfile
+
+    archive = folder / "sdists" / f"{top}.tar.gz"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as t:
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{top}/{rel}")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return archive
+
+
+def test_unpack_keeps_only_plain_members_inside_the_destination(tmp_path):
+    import io
+    import tarfile
+
+    from agentrecipe.envs.swe.packages import unpack
+
+    archive = tmp_path / "x.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        for name in ("pkg/ok.py", "pkg/../../evil.py", "/abs.py"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            t.addfile(info, io.BytesIO(b"x\n"))
+        link = tarfile.TarInfo("pkg/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(link)
+    (tmp_path / "out").mkdir()
+    dest = unpack(archive, tmp_path / "out" / "src")
+    assert sorted(p.name for p in dest.rglob("*")) == ["ok.py"]
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "out" / "evil.py").exists()
+
+
+def test_build_workers_sharing_a_package_cache_prepare_it_once(tmp_path, monkeypatch):
+    """Two workers (threads here) prepare the same package at once: one unpacks and baselines it,
+    the other waits for it (without the lock the second rename failed: 'Directory not empty')."""
+    import threading
+    import time
+
+    from agentrecipe.envs.swe import packages
+    from agentrecipe.envs.swe.sandbox import Limits
+
+    cache = tmp_path / "cache"
+    _sdist(cache, CALC)
+    unpacked = []
+    real_unpack = packages.unpack
+
+    def slow_unpack(archive, dest):
+        unpacked.append(dest)
+        time.sleep(0.5)  # both workers are past their checks by now, without the lock
+        return real_unpack(archive, dest)
+
+    monkeypatch.setattr(packages, "unpack", slow_unpack)
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(packages.prepare(SPEC, cache, Limits()))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == [] and len(results) == 2 and len(unpacked) == 1
+    assert results[0].tests == results[1].tests and "tests/test_calc.py" in results[0].tests

@@ -17,6 +17,8 @@ are kept only when tests that passed start failing, which needs a green baseline
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -103,6 +105,26 @@ def download(spec: str, cache: Path) -> Path:
     return found[0]
 
 
+def plain_members(tar: tarfile.TarFile, dest: str | Path) -> list[tarfile.TarInfo]:
+    """The archive's files and folders that stay inside `dest` (no links, devices, absolute paths
+    or `..` leaving it)."""
+    root = os.path.realpath(dest)
+    return [m for m in tar.getmembers() if (m.isfile() or m.isdir())
+            and os.path.commonpath([root, os.path.realpath(os.path.join(root, m.name))]) == root]
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on `path` (created) while the block runs: one process at a time, others wait."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def unpack(archive: Path, dest: Path) -> Path:
     """Unpack an sdist into dest (its single top folder becomes dest)."""
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
@@ -111,7 +133,10 @@ def unpack(archive: Path, dest: Path) -> Path:
                 z.extractall(tmp)
         else:
             with tarfile.open(archive) as t:
-                t.extractall(tmp, filter="data")
+                # Python >= 3.11.4 (and 3.8.17, 3.9.17, 3.10.12) has the 'data' filter; earlier ones
+                # get only the members check, which leaves out what the filter would refuse.
+                extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                t.extractall(tmp, members=plain_members(t, tmp), **extra)
         tops = list(Path(tmp).iterdir())
         top = tops[0] if len(tops) == 1 and tops[0].is_dir() else Path(tmp)
         for p in list(top.rglob("*")):  # no symlinks in a template
@@ -163,30 +188,37 @@ def prepare(spec: str, cache: str | Path, limits: Limits) -> Package:
     name, version = parse_spec(spec)
     home = cache / f"{name}-{version}"
     base = home / "baseline.json"
-    if not base.exists():
-        src = home / "src"
-        if not src.exists():  # (a test may seed the cache with an unpacked package)
-            archive = download(spec, cache)
-            home.mkdir(parents=True, exist_ok=True)
-            unpack(archive, src)
-        pin_pytest_root(src)
-        sources, tests = list_files(src)
-        if not tests:
-            raise BrokenPackage(f"{spec}: its sdist ships no test files (test_*.py)")
-        data, res = run_tests(src, tests, Limits(**{**limits.__dict__, "wall_s": max(limits.wall_s, 300.0)}),
-                              trace=sources)
-        failing = [t for t, o in data["tests"].items() if not o["passed"]]
-        if not data["tests"] or failing:
-            why = f"{len(failing)} of {len(data['tests'])} tests fail, e.g. {failing[:3]}" if failing else (
-                f"no test ran (exit {res.returncode}): {res.output[-800:]}")
-            raise BrokenPackage(f"{spec}: its own tests do not pass before mutation: {why}")
-        order = data["order"]
-        coverage = {f: {n: [order[i] for i in ix if i >= 0] for n, ix in lines.items()}
-                    for f, lines in data["lines"].items()}
-        tmp = base.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"spec": spec, "sources": sources, "tests": tests, "outcomes": data["tests"],
-                                   "coverage": coverage, "seconds": round(res.seconds, 3)}, sort_keys=True))
-        tmp.rename(base)
+    with locked(cache / f"{name}-{version}.lock"):  # build workers share the cache: one prepares, the others wait
+        if not base.exists():
+            _baseline(spec, cache, home, base, limits)
     row = json.loads(base.read_text())
     return Package(spec, home / "src", tuple(row["sources"]), tuple(row["tests"]), row["outcomes"],
                    row["coverage"], float(row["seconds"]))
+
+
+def _baseline(spec: str, cache: Path, home: Path, base: Path, limits: Limits) -> None:
+    """Unpack `spec` into home/src (downloading it first) and write its baseline: sources, tests,
+    their outcomes before any mutation and the lines each test runs."""
+    src = home / "src"
+    if not src.exists():  # (a test may seed the cache with an unpacked package)
+        archive = download(spec, cache)
+        home.mkdir(parents=True, exist_ok=True)
+        unpack(archive, src)
+    pin_pytest_root(src)
+    sources, tests = list_files(src)
+    if not tests:
+        raise BrokenPackage(f"{spec}: its sdist ships no test files (test_*.py)")
+    data, res = run_tests(src, tests, Limits(**{**limits.__dict__, "wall_s": max(limits.wall_s, 300.0)}),
+                          trace=sources)
+    failing = [t for t, o in data["tests"].items() if not o["passed"]]
+    if not data["tests"] or failing:
+        why = f"{len(failing)} of {len(data['tests'])} tests fail, e.g. {failing[:3]}" if failing else (
+            f"no test ran (exit {res.returncode}): {res.output[-800:]}")
+        raise BrokenPackage(f"{spec}: its own tests do not pass before mutation: {why}")
+    order = data["order"]
+    coverage = {f: {n: [order[i] for i in ix if i >= 0] for n, ix in lines.items()}
+                for f, lines in data["lines"].items()}
+    tmp = base.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"spec": spec, "sources": sources, "tests": tests, "outcomes": data["tests"],
+                               "coverage": coverage, "seconds": round(res.seconds, 3)}, sort_keys=True))
+    tmp.rename(base)
