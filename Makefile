@@ -40,11 +40,10 @@ run: install
 
 # Two pytest workers (pytest-xdist), one per core; PYTEST_ARGS narrows a run,
 # e.g. make test PYTEST_ARGS='-x tests/test_rl.py' (add -n 0 for one process).
-# --dist loadgroup: tests marked xdist_group(name) share one worker (and so their module
-# fixtures); the rest go to whichever worker is free. --durations: where the time went.
+# --durations: where the time went (the 15 slowest calls and setups).
 PYTEST_ARGS ?=
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
 
 params: install
 	$(PY) -m agentrecipe.cli compose-params

@@ -13,8 +13,6 @@ import yaml
 
 pytest.importorskip("alfworld")
 pytest.importorskip("fast_downward")
-# One xdist worker runs this module (make test: --dist loadgroup), so `built` (about 20 s) is built once.
-pytestmark = pytest.mark.xdist_group("alfworld")
 
 from agentrecipe.envs import alfworld as family  # noqa: E402
 from agentrecipe.envs.alfworld import scene as S  # noqa: E402
