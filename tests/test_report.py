@@ -174,3 +174,10 @@ def test_compare_folds_params_that_do_not_fit_into_what_differs_from_the_common_
     assert "50.0 [9.4, 90.5]" in text and "abl-ppo " in text and "differs from…" in text
     # when even that is not enough, the kept columns are cut too: the line still fits
     assert all(len(line) <= 50 for line in format_table(folded, width=50, keep=("experiment",)).splitlines())
+
+
+def test_compare_without_experiments_says_so_even_with_params_asked_for(monkeypatch):
+    from agentrecipe.report import compare as cmp
+
+    monkeypatch.setattr(cmp, "exp_show", lambda project: [])
+    assert cmp.compare(".", params=["rl.algo"]) == "(no experiments)"

@@ -142,6 +142,11 @@ def changes_rows(table: list[dict[str, str]], params: list[str]) -> list[dict[st
             for r in table]
 
 
+def column_sizes(table: list[dict[str, str]]) -> dict[str, int]:
+    """Each column's uncut width: its longest cell or its header."""
+    return {c: max(len(c), *(len(r[c]) for r in table)) for c in table[0]}
+
+
 def _width(size: dict[str, int]) -> int:
     return sum(size.values()) + 2 * (len(size) - 1)
 
@@ -152,7 +157,7 @@ def format_table(table: list[dict[str, str]], width: int = 120, keep: tuple[str,
     if not table:
         return "(no experiments)"
     cols = list(table[0])
-    size = {c: max(len(c), *(len(r[c]) for r in table)) for c in cols}
+    size = column_sizes(table)
     for cuttable in ([c for c in cols if c not in keep], cols):
         while _width(size) > width and cuttable and max(size[c] for c in cuttable) > 8:
             widest = max(cuttable, key=size.get)
@@ -178,6 +183,6 @@ def compare(project: str | Path = ".", names: list[str] | None = None, params: l
     params = params or varying_params(records)
     table = rows(records, params, policy)
     results = ("experiment", f"{policy} in-domain", f"{policy} ood")
-    if params and _width({c: max(len(c), *(len(r[c]) for r in table)) for c in table[0]}) > width:
+    if table and params and _width(column_sizes(table)) > width:
         table = changes_rows(table, params)  # too many params for a column each
     return format_table(table, width, keep=results)
