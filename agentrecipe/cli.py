@@ -160,6 +160,21 @@ def _check_envs(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in rows) else 1
 
 
+def _finding_page(args: argparse.Namespace) -> int:
+    from agentrecipe.report.finding import write_page
+    from flows.sweep import load_preset
+
+    preset = load_preset(Path(args.project), args.preset)
+    if "paper" not in preset:
+        print(f"error: params/sweep/{args.preset}.yaml has no `paper` (what the papers report)", file=sys.stderr)
+        return 2
+    folder = Path(args.sweep or Path(args.project) / "data" / "sweeps" / args.preset)
+    out = Path(args.out or Path(args.project) / "docs" / "results" / f"{args.preset}.md")
+    verdict = Path(args.verdict[1:]).read_text().strip() if args.verdict.startswith("@") else args.verdict
+    print(f"wrote {write_page(folder, out, preset['description'], preset['paper'], verdict)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrecipe", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -224,6 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--game-root", help="only play game files under this folder (default: any path)")
     p.add_argument("--params", default="params.yaml", help="family options (env section) when its env.name matches")
     p.set_defaults(func=_serve_env)
+
+    p = sub.add_parser("finding-page", help="docs/results/<preset>.md from a finished sweep with a seed axis")
+    p.add_argument("preset", help="the sweep preset (params/sweep/<preset>.yaml: its description and `paper`)")
+    p.add_argument("--verdict", required=True,
+                   help="the sentence on whether the paper's shape holds here (or @FILE holding it), written after reading the numbers")
+    p.add_argument("--sweep", help="the sweep's folder (default: data/sweeps/<preset>)")
+    p.add_argument("--out", help="the page (default: docs/results/<preset>.md; its files go to docs/results/<preset>/)")
+    p.add_argument("--project", default=".", help="the DVC project")
+    p.set_defaults(func=_finding_page)
 
     args = parser.parse_args(argv)
     return args.func(args)

@@ -373,10 +373,11 @@ class RLConfig:
     turn_schedule: list[int]
     """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
     turn_schedule_every: int
-    """Steps spent at each turn limit before moving up."""
+    """Steps spent at each turn limit before moving up; 0: the run's steps split evenly between them."""
     curriculum: list[list[str]]
     """Levels sampled in each curriculum phase; empty = env.levels throughout."""
     curriculum_every: int
+    """Steps spent in each curriculum phase; 0: the run's steps split evenly between them."""
     checkpoint_every: int
     eval_every: int
     """Greedy episodes on the valid split every this many steps (and after the last): `valid/*` curves. 0: off."""
@@ -410,8 +411,8 @@ class RLConfig:
         _check(self.dynamic_sampling_max_games >= 0, "rl.dynamic_sampling_max_games", "must be >= 0")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
         _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")
-        _check(self.turn_schedule_every >= 1, "rl.turn_schedule_every", "must be >= 1")
-        _check(self.curriculum_every >= 1, "rl.curriculum_every", "must be >= 1")
+        _check(self.turn_schedule_every >= 0, "rl.turn_schedule_every", "must be >= 0 (0: phases split the run evenly)")
+        _check(self.curriculum_every >= 0, "rl.curriculum_every", "must be >= 0 (0: phases split the run evenly)")
         _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
         _check(self.eval_every >= 0, "rl.eval_every", "must be >= 0 (0 turns validation off)")
         _check(0 <= self.max_failed_share <= 1, "rl.max_failed_share", "must be in [0, 1]")
@@ -460,6 +461,11 @@ SECTIONS: dict[str, type] = {
 }
 
 
+ROOT_KEYS: dict[str, type] = {"seed": int}
+"""Scalars at the top of params.yaml beside the sections: `seed`, which params/ interpolates into
+model.seed, sft.seed, rl.seed and eval.seed (stages read those)."""
+
+
 def from_dict(cls: type, data: Any, prefix: str) -> Any:
     """Build dataclass `cls` from a mapping, refusing unknown or mistyped keys."""
     if data is None:
@@ -478,9 +484,12 @@ def parse_config(raw: dict[str, Any], sections: list[str] | None = None, source:
     """Validate a composed params mapping; return {section: dataclass} for `sections` (default all)."""
     try:
         _check(isinstance(raw, dict), source, "must be a mapping of sections")
-        known = set(SECTIONS)
+        known = set(SECTIONS) | set(ROOT_KEYS)
         for key in raw:
             _check(key in known, str(key), f"unknown section (known: {', '.join(sorted(known))})")
+        for key, tp in ROOT_KEYS.items():
+            if key in raw:
+                _coerce(raw[key], tp, key)
         out: dict[str, Any] = {}
         for name in sections if sections is not None else list(SECTIONS):
             out[name] = from_dict(SECTIONS[name], raw.get(name), name)

@@ -2,10 +2,12 @@
 
 Both are piecewise-constant lookups: phase k = min(step // every, K - 1)
 covers steps [k * every, (k + 1) * every), and the last phase lasts forever.
+`every = 0` (the default) spreads the K phases evenly over the run: ceil(n_steps / K).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -46,3 +48,22 @@ def curriculum_levels(step: int, phases: list[list[str]], every: int, default: l
     if not phases:
         return list(default)
     return list(_phase(step, phases, every))
+
+
+def phase_steps(every: int, n_phases: int, n_steps: int) -> int:
+    """Steps per phase: `every`, or for 0 the run's steps split evenly, ceil(n_steps / n_phases)
+    (25 steps, 3 phases: 9, so steps 0-8, 9-17, 18-24)."""
+    if every < 0:
+        raise ValueError(f"every must be >= 0, got {every}")
+    return every if every else max(1, math.ceil(n_steps / max(1, n_phases)))
+
+
+def unreached_phases(key: str, n_phases: int, every: int, n_steps: int) -> str | None:
+    """An error naming `key` (rl.turn_schedule_every, rl.curriculum_every) when a schedule of
+    `n_phases` phases, moving every `every` steps, never reaches its last phase in `n_steps` steps:
+    the last phase starts at step (n_phases - 1) * every. None when it does (or nothing is scheduled)."""
+    if n_phases <= 1 or n_steps <= 0 or (n_phases - 1) * every < n_steps:
+        return None
+    return (f"{key}={every}: the last of the {n_phases} phases starts at step {(n_phases - 1) * every}, "
+            f"but this run has {n_steps} RL steps; set {key} to at most {max(1, (n_steps - 1) // (n_phases - 1))} "
+            "(or raise budget.total_units)")

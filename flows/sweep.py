@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
+import platform
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -33,7 +36,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from agentrecipe.report import compare
+from agentrecipe.report import compare, seeds
 from flows.dvc_dag import dvc, dvc_env, run
 
 PRESET_DIR = "params/sweep"
@@ -41,15 +44,16 @@ OUT_DIR = "data/sweeps"
 
 
 def load_preset(project: Path, preset: str) -> dict[str, Any]:
-    """params/sweep/<preset>.yaml: {description, sweeps: [[override, ...], ...]}."""
+    """params/sweep/<preset>.yaml: {description, sweeps: [[override, ...], ...]}, and for a finding
+    `paper`, what the papers report (its docs/results page quotes it)."""
     path = project / PRESET_DIR / f"{preset}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in (project / PRESET_DIR).glob("*.yaml")))
         raise ValueError(f"unknown sweep preset {preset!r}; presets in {PRESET_DIR}/: {known or 'none'}")
     data = yaml.safe_load(path.read_text()) or {}
     sweeps = data.get("sweeps")
-    if set(data) - {"description", "sweeps"} or not sweeps or not all(isinstance(s, list) for s in sweeps):
-        raise ValueError(f"{path}: expected `description` and `sweeps`, a list of lists of overrides")
+    if set(data) - {"description", "paper", "sweeps"} or not sweeps or not all(isinstance(s, list) for s in sweeps):
+        raise ValueError(f"{path}: expected `description`, `sweeps` (a list of lists of overrides) and optionally `paper`")
     return data
 
 
@@ -84,9 +88,10 @@ def point_names(points: list[list[str]]) -> list[str]:
 
 
 @task(name="queue-points", cache_policy=NO_CACHE)
-def queue_points(project: str, points: dict[str, list[str]]) -> None:
-    """`dvc exp run --queue --name <name> -S ...` per point; an experiment of the same name on this
-    commit is replaced. A point DVC refuses (bad override) unqueues the others and fails the run."""
+def queue_points(project: str, points: dict[str, list[str]], targets: list[str] | None = None) -> None:
+    """`dvc exp run --queue --name <name> [targets] -S ...` per point (targets: the stages to run with
+    their upstream, default all); an experiment of the same name on this commit is replaced. A point
+    DVC refuses (bad override) unqueues the others and fails the run."""
     logger, env = get_run_logger(), dvc_env(project)
     existing = set(run(dvc("exp", "list", "--name-only"), project, env).stdout.split())
     if old := sorted(existing & set(points)):
@@ -94,7 +99,7 @@ def queue_points(project: str, points: dict[str, list[str]]) -> None:
         run(dvc("exp", "remove", *old), project, env)
     queued = []
     for name, overrides in points.items():
-        cmd = dvc("exp", "run", "--queue", "--name", name, *[a for o in overrides for a in ("-S", o)])
+        cmd = dvc("exp", "run", "--queue", "--name", name, *(targets or []), *[a for o in overrides for a in ("-S", o)])
         logger.info("$ dvc %s", " ".join(cmd[3:]))
         res = run(cmd, project, env)
         if res.returncode != 0:
@@ -169,7 +174,57 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
                           description=f"Sweep {title}: {len(rows)} experiments ({out}/results.csv has every metric)")
     narrow = ["experiment", "state", *swept, "rl in-domain", "rl ood"]  # fits 120 columns
     get_run_logger().info("sweep %s:\n%s", title, compare.format_table([{c: r[c] for c in narrow} for r in rows]))
+    if seeds.SEED_KEY in swept:
+        write_seed_summary(rows, swept, title, folder)
     return rows
+
+
+def write_seed_summary(rows: list[dict[str, Any]], swept: list[str], title: str, folder: Path) -> None:
+    """Points that differ only in `seed` summed up: summary.csv (mean, t interval, per-seed values and
+    the pooled Wilson interval of each cell), summary.png, a table artifact and the table in the log."""
+    summaries = seeds.summarise(rows, swept)
+    with (folder / "summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summaries[0]))
+        writer.writeheader()
+        writer.writerows(summaries)
+    write_seed_plot(summaries, swept, title, folder / "summary.png")
+    table = seeds.summary_table(summaries, swept, ["rl in-domain", "rl ood"])
+    create_table_artifact(seeds.summary_table(summaries, swept, list(seeds.CELLS)),
+                          key="sweep-" + re.sub(r"[^a-z0-9-]+", "-", title.lower()).strip("-") + "-seeds",
+                          description=f"Sweep {title} across seeds: mean [95% t interval] and per-seed values "
+                                      f"({folder.name}/summary.csv also has the pooled Wilson intervals)")
+    get_run_logger().info("sweep %s across seeds, mean [95%% t interval]:\n%s", title, compare.format_table(table))
+
+
+def write_seed_plot(summaries: list[dict[str, Any]], swept: list[str], title: str, path: Path) -> None:
+    """RL success per setting, in-domain and OOD: the mean across seeds with its t interval, a dot per seed."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in swept if k != seeds.SEED_KEY]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(summaries)), 3.8))
+    for i, (column, label) in enumerate((("rl in-domain", "in-domain"), ("rl ood", "out-of-domain"))):
+        xs = [x + 0.4 * i for x in range(len(summaries))]
+        mean = [s[f"{column} mean"] for s in summaries]
+        err = [[0 if math.isnan(s[f"{column} low"]) else s[f"{column} mean"] - s[f"{column} low"] for s in summaries],
+               [0 if math.isnan(s[f"{column} high"]) else s[f"{column} high"] - s[f"{column} mean"] for s in summaries]]
+        ax.bar(xs, mean, 0.4, label=label, yerr=err, capsize=3, alpha=0.8)
+        for x, s in zip(xs, summaries):
+            values = [float(v) for v in s[f"{column} per seed"].split()]
+            ax.plot([x] * len(values), values, "k.", markersize=5)
+    labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
+    ax.set_xticks([x + 0.2 for x in range(len(summaries))], labels, fontsize=7)
+    ax.set_ylabel("RL success (greedy)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"sweep {title}: mean of seeds, 95% t interval, dots = seeds", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def write_plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
@@ -204,6 +259,7 @@ def sweep(
     project_dir: str = ".",
     name: str | None = None,
     timeout_s: float | None = None,
+    targets: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Queue one DVC experiment per point, run DVC's queue, compare the points in one table.
 
@@ -216,6 +272,7 @@ def sweep(
         project_dir: the DVC project.
         name: names data/sweeps/<name>/ and the artifact (default: the preset, or "sweep").
         timeout_s: Prefect's timeout of the run-queue task: running experiments are killed after it.
+        targets: stages each point runs, with their upstream (`dvc exp run <targets>`); default all.
     """
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())
@@ -227,15 +284,47 @@ def sweep(
     (Path(project) / out).mkdir(parents=True, exist_ok=True)
     logger.info("sweep %s: %d points: %s", title, len(named), ", ".join(named))
 
-    queue_points(project, named)
+    started = time.time()
+    queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
                                                              return_state=True)
     rows = collect_results(project, named, out, title)
+    write_run_record(Path(project) / out, {
+        "command": command_line(preset, overrides, jobs, name, targets), "revision": git_revision(project),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
+        "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine()})
     if not ran.is_completed():
         raise RuntimeError(f"the queue did not finish ({ran.message}); see {out}/results.csv")
     if failed := [r["experiment"] for r in rows if r["state"] != "success"]:
         raise RuntimeError(f"{len(failed)} of {len(rows)} points failed ({', '.join(failed)}); see {out}/results.csv")
     return rows
+
+
+def command_line(preset: str | None, overrides: list[str] | None, jobs: int, name: str | None,
+                 targets: list[str] | None) -> str:
+    """The `python -m flows.sweep ...` command that runs this sweep."""
+    args = [*(["--preset", preset] if preset else []), *[a for o in overrides or [] for a in ("--override", o)],
+            *(["--jobs", str(jobs)] if jobs != 1 else []), *(["--name", name] if name else []),
+            *[a for t in targets or [] for a in ("--target", t)]]
+    return shlex.join(["python", "-m", "flows.sweep", *args])
+
+
+def git_revision(project: str) -> str:
+    """The commit the sweep's experiments start from (with '+edits' when tracked files differ from it)."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=project).returncode != 0
+    return rev + ("+edits" if dirty else "")
+
+
+def machine() -> str:
+    """Cores, memory and platform of this machine, in a line."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, {platform.platform()}, Python {platform.python_version()}"
+
+
+def write_run_record(folder: Path, record: dict[str, Any]) -> None:
+    """run.json beside results.csv: the command, git revision, start, wall time and machine of the sweep."""
+    (folder / "run.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,9 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name")
     parser.add_argument("--project-dir", default=".")
     parser.add_argument("--timeout-s", type=float)
+    parser.add_argument("--target", action="append", dest="targets", help="run only this stage and its upstream (repeatable)")
     args = parser.parse_args(argv)
     state = sweep(preset=args.preset, overrides=args.overrides, jobs=args.jobs, project_dir=args.project_dir,
-                  name=args.name, timeout_s=args.timeout_s, return_state=True)
+                  name=args.name, timeout_s=args.timeout_s, targets=args.targets, return_state=True)
     return 0 if state.is_completed() else 1
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from agentrecipe import dist
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.rollout import make_backend
+from agentrecipe.schedules import unreached_phases
 from agentrecipe.train.checkpoint import BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf
 from agentrecipe.train.rl import RLRun, num_steps, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
@@ -92,6 +93,11 @@ def main() -> None:
                 live.log_metric("rollout/success", float("nan"))
         print(f"rl: budget leaves {cfg['budget'].rl_episodes} episodes, less than one step; SFT model passed through")
         return
+    # A schedule whose last phase the budget never reaches is a mistake (every = 0 always fits).
+    for error in (unreached_phases("rl.turn_schedule_every", len(rl.turn_schedule), rl.turn_schedule_every, n_steps),
+                  unreached_phases("rl.curriculum_every", len(rl.curriculum), rl.curriculum_every, n_steps)):
+        if error:
+            sys.exit(f"error: {error}")
     levels = sorted({lvl for phase in rl.curriculum for lvl in phase} | set(env.levels))
     train_games = read_manifest(args.envs, split="train", levels=levels)
     missing = sorted(set(levels) - {g.level for g in train_games})

@@ -57,6 +57,21 @@ def test_unknown_section_is_refused(tmp_path):
         load_config(_write(tmp_path, raw))
 
 
+def test_one_seed_key_sets_every_seed_of_a_run():
+    cfg = parse_config(compose(ROOT / "params", ["seed=3"]))
+    assert [cfg[s].seed for s in ("model", "sft", "rl", "eval")] == [3, 3, 3, 3]
+    assert cfg["env"].seed_train == parse_config(compose(ROOT / "params"))["env"].seed_train  # same games
+    one = parse_config(compose(ROOT / "params", ["seed=3", "rl.seed=5"]))  # one can still be decoupled
+    assert (one["rl"].seed, one["sft"].seed) == (5, 3)
+
+
+def test_mistyped_root_seed_is_refused(tmp_path):
+    raw = compose(ROOT / "params")
+    raw["seed"] = "one"
+    with pytest.raises(ConfigError, match=r"seed: expected an integer"):
+        load_config(_write(tmp_path, raw))
+
+
 def test_bad_level_and_negative_count_fail_naming_the_key():
     raw = compose(ROOT / "params")
     raw["env"]["levels"] = ["w2-o3"]

@@ -282,10 +282,11 @@ def test_failed_stage_fails_the_flow_with_its_message(prefect_harness, tmp_path)
 # The layout of data/eval/metrics.json: success with its interval, pooled in_domain and ood cells.
 SWEEP_SCORE_PY = """\
 import json, os, sys, yaml
-lr = yaml.safe_load(open("params.yaml"))["train"]["lr"]
+params = yaml.safe_load(open("params.yaml"))
+lr, seed = params["train"]["lr"], params["seed"]
 if lr < 0:
     sys.exit(f"score: lr must be >= 0, got {lr}")
-cell = {"success": lr, "success_ci_low": lr - 0.1, "success_ci_high": lr + 0.1}
+cell = {"success": lr + seed / 10, "success_ci_low": lr - 0.1, "success_ci_high": lr + 0.1, "n": 10}
 os.makedirs("data/eval", exist_ok=True)
 ood = {"success": lr / 2, "success_ci_low": lr / 2 - 0.05, "success_ci_high": lr / 2 + 0.05}
 json.dump({"rl": {"in_domain": cell, "ood": ood}}, open("data/eval/metrics.json", "w"))
@@ -296,7 +297,7 @@ stages:
   train:
     cmd: python score.py
     deps: [score.py]
-    params: [train.lr, train.steps]
+    params: [train.lr, train.steps, seed]
     metrics: [data/eval/metrics.json]
 """
 
@@ -344,6 +345,52 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     # Run again on the same commit: the experiment of the same name is replaced, not refused.
     again = sweep(overrides=["train.lr=0.3"], project_dir=str(project), name="again")
     assert [(r["experiment"], r["state"]) for r in again] == [("lr-0.3", "success")]
+    assert not (project / "data/sweeps/again/summary.csv").exists()  # one seed: nothing to sum up
+
+    # A seed axis: the points that differ only in seed, summed up (0.3 and 0.4 of 10 episodes each).
+    sweep(overrides=["train.lr=0.3", "seed=0,1"], project_dir=str(project), name="seeds")
+    with (project / "data/sweeps/seeds/summary.csv").open() as f:
+        (summary,) = list(csv.DictReader(f))
+    assert (summary["seeds"], summary["rl in-domain per seed"], summary["rl in-domain episodes"]) == ("0 1", "0.300 0.400", "20")
+    # mean 0.35, s = 0.0707, t_{0.975, 1} = 12.706: half 0.635, clipped below at 0; pooled 7 of 20
+    assert float(summary["rl in-domain mean"]) == pytest.approx(0.35)
+    assert float(summary["rl in-domain low"]) == 0.0 and float(summary["rl in-domain high"]) == pytest.approx(0.9853, abs=1e-4)
+    assert float(summary["rl in-domain pooled"]) == pytest.approx(0.35)
+    assert (project / "data/sweeps/seeds/summary.png").stat().st_size > 0
+    shown = json.loads(artifact("sweep-seeds-seeds").data)
+    assert shown[0]["seeds"] == "0 1" and shown[0]["rl in-domain per seed"] == "30 40"
+
+
+FINDINGS = ["budget_split", "algo_x_reward", "env_complexity", "turn_schedule", "alfworld_sft_rl"]
+
+
+def test_finding_presets_sweep_three_seeds_at_the_findings_scale():
+    for preset in FINDINGS:
+        for sweep_overrides in load_preset(ROOT, preset)["sweeps"]:
+            assert sweep_overrides[0] == "experiment=findings" and "seed=0,1,2" in sweep_overrides, preset
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_path, subprocess_env):
+    """Each finding preset's micro version (`experiment=micro seed=0` added: the last value of a key
+    wins) through the flow on DVC's real queue, in a copy of this project, up to the validate stage:
+    every point queued, composed by DVC's Hydra and validated (every key, the cross-section checks),
+    then collected. (The whole DAG of a micro point: test_pipeline_e2e.py.)"""
+    from flows.sweep import sweep
+    from tests.dvc_project import copy_project
+
+    (tmp_path / "p").mkdir()
+    project = copy_project(tmp_path / "p", subprocess_env)
+    # dvc.lock names outputs that this copy's cache lacks: a run of `validate` only would fail to save them
+    git(project, "rm", "-q", "dvc.lock")
+    git(project, "commit", "-qm", "no lock")
+    for preset in FINDINGS:
+        micro = "experiment=alfworld_micro" if preset == "alfworld_sft_rl" else "experiment=micro"
+        rows = sweep(preset=preset, overrides=[micro, "seed=0"], project_dir=str(project), targets=["validate"], jobs=2)
+        assert rows and [r["state"] for r in rows] == ["success"] * len(rows), preset
+        record = json.loads((project / f"data/sweeps/{preset}/run.json").read_text())
+        assert record["points"] == len(rows) and record["command"].startswith(f"python -m flows.sweep --preset {preset}")
 
 
 SLEEP_YAML = """\

@@ -2,7 +2,7 @@
 
 import pytest
 
-from agentrecipe.schedules import curriculum_levels, turn_limit
+from agentrecipe.schedules import curriculum_levels, phase_steps, turn_limit, unreached_phases
 
 
 def test_turn_limit_moves_up_every_n_steps_then_stays():
@@ -28,3 +28,21 @@ def test_curriculum_levels():
     assert got == default and got is not default
     curriculum_levels(0, phases, every=3, default=["x"]).append("mutated")
     assert phases[0] == ["w1-o1-q1"]
+
+
+def test_phase_steps_split_the_run_evenly_when_every_is_zero():
+    assert phase_steps(0, 3, 25) == 9  # steps 0-8, 9-17, 18-24
+    assert [turn_limit(s, [6, 10, 14], phase_steps(0, 3, 25), 99) for s in (0, 8, 9, 17, 18, 24)] == [6, 6, 10, 10, 14, 14]
+    assert phase_steps(0, 3, 2) == 1 and phase_steps(5, 3, 25) == 5 and phase_steps(0, 0, 25) == 25
+    with pytest.raises(ValueError):
+        phase_steps(-1, 3, 25)
+
+
+def test_a_schedule_the_run_never_finishes_names_the_key_and_the_most_that_fits():
+    # the old default: [6, 10, 14] moving every 20 steps in a 25-step run never reaches 14
+    error = unreached_phases("rl.turn_schedule_every", 3, 20, 25)
+    assert error.startswith("rl.turn_schedule_every=20: the last of the 3 phases starts at step 40")
+    assert "at most 12" in error  # (3 - 1) * 12 = 24 < 25
+    assert unreached_phases("rl.turn_schedule_every", 3, 12, 25) is None
+    assert unreached_phases("rl.turn_schedule_every", 3, 0, 25) is None  # split evenly: always reached
+    assert unreached_phases("rl.curriculum_every", 1, 20, 5) is None  # one phase: nothing to reach

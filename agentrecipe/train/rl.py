@@ -42,7 +42,7 @@ from agentrecipe.envs.base import GameSpec
 from agentrecipe.models.registry import DTYPES, load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
-from agentrecipe.schedules import curriculum_levels, turn_limit
+from agentrecipe.schedules import curriculum_levels, phase_steps, turn_limit
 from agentrecipe.train.checkpoint import (full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint, read_best,
                                          save_best, save_rl_checkpoint)
 from agentrecipe.train.anchors import anchor_ids
@@ -286,12 +286,15 @@ def rl_train(
     temperature = run.rollout.temperature if run.rollout.temperature > 0 else 1.0
     constrained = run.agent.decoding == "admissible"
 
+    turn_every = phase_steps(rl.turn_schedule_every, len(rl.turn_schedule), run.n_steps)
+    curriculum_every = phase_steps(rl.curriculum_every, len(rl.curriculum), run.n_steps)
+
     bar = tqdm(total=run.n_steps, initial=start_step, desc="rl", disable=not progress or rank != 0)
     for step in range(start_step, run.n_steps):
         t0 = time.time()
         # 1. schedules
-        max_turns = turn_limit(step, rl.turn_schedule, rl.turn_schedule_every, run.rollout.max_turns)
-        levels = curriculum_levels(step, rl.curriculum, rl.curriculum_every, run.levels)
+        max_turns = turn_limit(step, rl.turn_schedule, turn_every, run.rollout.max_turns)
+        levels = curriculum_levels(step, rl.curriculum, curriculum_every, run.levels)
         # 2. rollouts: each rank its own games, seeded by (seed, step, rank) so a resumed run replays the same draws
         rng = random.Random(f"{rl.seed}-{step}-{rank}")
         candidates = [g for g in train_games if g.level in levels] or train_games

@@ -1,0 +1,104 @@
+"""A sweep's points summed up across seeds: mean, a 95% interval, the per-seed values.
+
+A sweep with `seed=0,1,2` has one experiment per (setting, seed). `summarise` groups the
+experiments that differ only in `seed` and gives, per policy cell (rl and sft, in-domain and
+out-of-domain greedy success), two intervals that answer different questions:
+
+- across seeds: mean of the per-seed success rates with Student's t interval,
+      mean +- t_{0.975, n-1} * s / sqrt(n)      (s: sample standard deviation, n seeds)
+  how much a rerun with another seed moves the answer (training noise and test noise);
+- pooled: the test episodes of every seed pooled, Wilson (1927) 95% interval,
+  how precisely these trained models were measured (test-game noise only; narrower).
+
+With one seed there is no across-seed interval (nan).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agentrecipe.eval.metrics import wilson_interval
+
+SEED_KEY = "seed"
+CELLS = {"rl in-domain": "rl.in_domain", "rl ood": "rl.ood", "sft in-domain": "sft.in_domain", "sft ood": "sft.ood"}
+"""Summary column -> metrics prefix (`<prefix>.success`, `<prefix>.n` from evaluation)."""
+
+# Two-sided 95% critical values of Student's t for 1..30 degrees of freedom (then the normal's).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t 95% interval of the mean, clipped to [0, 1]; nan bounds for one value."""
+    if not values:
+        raise ValueError("no values")
+    n = len(values)
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.959964) * sd / math.sqrt(n)
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, Any]]:
+    """One row per setting (the swept keys other than `seed`), in first-seen order, from the sweep's
+    rows (`experiment`, `state`, the swept keys, flat metrics). Only successful experiments count;
+    `seeds` lists those that did, `missing` the others."""
+    keys = [k for k in swept if k != SEED_KEY]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row.get(k, "") for k in keys), []).append(row)
+    out = []
+    for setting, members in groups.items():
+        done = [r for r in members if r["state"] == "success"]
+        summary: dict[str, Any] = {**dict(zip(keys, setting)),
+                                   "seeds": " ".join(str(r.get(SEED_KEY, "")) for r in done),
+                                   "missing": " ".join(r["experiment"] for r in members if r["state"] != "success")}
+        for column, prefix in CELLS.items():
+            have = [r for r in done if isinstance(r.get(f"{prefix}.success"), (int, float))]
+            rates = [float(r[f"{prefix}.success"]) for r in have]
+            n = sum(int(r.get(f"{prefix}.n") or 0) for r in have)
+            wins = round(sum(float(r[f"{prefix}.success"]) * int(r.get(f"{prefix}.n") or 0) for r in have))
+            mean, low, high = t_interval(rates) if rates else (math.nan,) * 3
+            p_low, p_high = wilson_interval(wins, n) if n else (math.nan, math.nan)
+            summary.update({f"{column} mean": mean, f"{column} low": low, f"{column} high": high,
+                            f"{column} per seed": " ".join(f"{v:.3f}" for v in rates),
+                            f"{column} pooled": wins / n if n else math.nan,
+                            f"{column} pooled low": p_low, f"{column} pooled high": p_high,
+                            f"{column} episodes": n})
+        out.append(summary)
+    return out
+
+
+def _pct(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:.1f}"
+
+
+def cell_text(summary: dict[str, Any], column: str) -> str:
+    """'41.7 [30.2, 53.1]' (mean across seeds, t interval), '40.0' for one seed, '–' for none."""
+    mean, low, high = (summary[f"{column} {p}"] for p in ("mean", "low", "high"))
+    return _pct(mean) if math.isnan(low) else f"{_pct(mean)} [{_pct(low)}, {_pct(high)}]"
+
+
+def per_seed_text(summary: dict[str, Any], column: str) -> str:
+    """The per-seed rates in percent ('40 45 40')."""
+    return " ".join(f"{100 * float(v):.0f}" for v in summary[f"{column} per seed"].split())
+
+
+def pooled_text(summary: dict[str, Any], column: str) -> str:
+    """'41.7 [35.6, 48.0] n=240' (all seeds' test episodes pooled, Wilson interval)."""
+    if not summary[f"{column} episodes"]:
+        return "–"
+    return (f"{_pct(summary[f'{column} pooled'])} [{_pct(summary[f'{column} pooled low'])}, "
+            f"{_pct(summary[f'{column} pooled high'])}] n={summary[f'{column} episodes']}")
+
+
+def summary_table(summaries: list[dict[str, Any]], swept: list[str], columns: list[str]) -> list[dict[str, str]]:
+    """Display rows: the setting, then per column the across-seed cell and the per-seed values."""
+    keys = [k for k in swept if k != SEED_KEY]
+    return [{**{k: str(s[k]) for k in keys}, "seeds": s["seeds"] or "–",
+             **{h: v for c in columns for h, v in ((c, cell_text(s, c)), (f"{c} per seed", per_seed_text(s, c)))}}
+            for s in summaries]

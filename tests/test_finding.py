@@ -1,0 +1,70 @@
+"""A finding's page from a sweep folder (agentrecipe.report.finding, `agentrecipe finding-page`)."""
+
+import csv
+import json
+
+import pytest
+
+from agentrecipe.cli import main
+from agentrecipe.report import seeds
+from agentrecipe.report.finding import level_matrix, read_csv, write_page
+
+
+def _write_csv(path, rows):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _row(levels, seed, a, b, state="success"):
+    """An experiment trained on `levels`, RL success `a` on level A and `b` on level B (20 games each)."""
+    own, other = (a, b) if levels == "[A]" else (b, a)
+    return {"experiment": f"{levels}-{seed}", "state": state, "env.levels": levels, "seed": str(seed),
+            "rl.A.success": a, "rl.B.success": b, "rl.in_domain.success": own, "rl.in_domain.n": 20,
+            "rl.ood.success": other, "rl.ood.n": 20, "sft.in_domain.success": 0.1, "sft.in_domain.n": 20}
+
+
+@pytest.fixture
+def sweep_folder(tmp_path):
+    rows = [_row("[A]", 0, 0.5, 0.2), _row("[A]", 1, 0.6, 0.3), _row("[B]", 0, 0.1, 0.4), _row("[B]", 1, 0.0, 0.0, "failed")]
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    _write_csv(folder / "results.csv", rows)
+    _write_csv(folder / "summary.csv", seeds.summarise(rows, ["env.levels", "seed"]))
+    (folder / "run.json").write_text(json.dumps({
+        "command": "python -m flows.sweep --preset env_complexity", "revision": "abc1234", "started": "2026-12-01 10:00:00 UTC",
+        "wall_s": 3600, "points": 4, "succeeded": 3, "machine": "2 cores"}))
+    return folder
+
+
+def test_level_matrix_is_the_mean_over_seeds_of_each_level(sweep_folder):
+    header, rows = level_matrix(read_csv(sweep_folder / "results.csv"), ["env.levels"])
+    assert header == ["levels", "A", "B"]
+    assert rows == [["[A]", "55.0", "25.0"], ["[B]", "10.0", "40.0"]]  # the failed seed of [B] left out
+
+
+def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
+    out = write_page(sweep_folder, tmp_path / "docs" / "env_complexity.md", "Complexity", "simple transfers.",
+                     "It does not reproduce here.")
+    page = out.read_text()
+    assert page.startswith("# Complexity\n") and "**The papers:** simple transfers." in page
+    assert "**Answer at laptop scale:** It does not reproduce here." in page
+    assert "    python -m flows.sweep --preset env_complexity" in page and "revision `abc1234`" in page
+    assert "wall time 60 min (4 experiments, 3 succeeded; failed: [B]-1)" in page
+    # [A]: 0.5 and 0.6 -> mean 55.0, t_{0.975,1} = 12.706: 55.0 +- 63.5 clipped; pooled 22 of 40
+    assert "| [A] | 0 1 | 55.0 [0.0, 100.0] | 50 60 | 55.0 [39.8, 69.3] n=40 |" in page
+    assert "| [B] | 0 | 10.0 | 10 | 10.0 [2.8, 30.1] n=20 |" in page
+    assert "![RL success per setting](env_complexity/summary.png)" in page
+    assert sorted(p.name for p in (tmp_path / "docs" / "env_complexity").iterdir()) == ["results.csv", "run.json", "summary.csv"]
+
+
+def test_cli_needs_a_finished_sweep_and_reads_the_preset(tmp_path, capsys):
+    root = tmp_path / "project"
+    (root / "params" / "sweep").mkdir(parents=True)
+    (root / "params" / "sweep" / "x.yaml").write_text("description: X\npaper: claim.\nsweeps: [[a=1,2]]\n")
+    with pytest.raises(FileNotFoundError, match="run.json: not there"):
+        main(["finding-page", "x", "--verdict", "v", "--project", str(root)])
+    (root / "params" / "sweep" / "y.yaml").write_text("description: Y\nsweeps: [[a=1,2]]\n")
+    assert main(["finding-page", "y", "--verdict", "v", "--project", str(root)]) == 2
+    assert "has no `paper`" in capsys.readouterr().err

@@ -1,0 +1,44 @@
+"""Across-seed summaries of a sweep (agentrecipe.report.seeds)."""
+
+import math
+
+import pytest
+
+from agentrecipe.eval.metrics import wilson_interval
+from agentrecipe.report import seeds
+
+
+def _row(name, fraction, seed, rl, n=20, state="success"):
+    return {"experiment": name, "state": state, "budget.sft_fraction": fraction, "seed": seed,
+            "rl.in_domain.success": rl, "rl.in_domain.n": n, "sft.in_domain.success": 0.1, "sft.in_domain.n": n}
+
+
+def test_t_interval_by_hand():
+    # mean 0.5, s = 0.1, t_{0.975, 2} = 4.303: half = 4.303 * 0.1 / sqrt(3) = 0.24844
+    mean, low, high = seeds.t_interval([0.4, 0.5, 0.6])
+    assert mean == pytest.approx(0.5)
+    assert (low, high) == (pytest.approx(0.25156, abs=1e-5), pytest.approx(0.74844, abs=1e-5))
+    assert seeds.t_interval([0.0, 0.0, 1.0])[1] == 0.0  # clipped to [0, 1]
+    one = seeds.t_interval([0.3])
+    assert one[0] == 0.3 and math.isnan(one[1]) and math.isnan(one[2])
+
+
+def test_summary_groups_the_seeds_of_each_setting_and_skips_failed_ones():
+    rows = [_row("a0", "0.2", "0", 0.4), _row("a1", "0.2", "1", 0.5), _row("a2", "0.2", "2", 0.6),
+            _row("b0", "1.0", "0", 0.9), _row("b1", "1.0", "1", 0.0, state="failed")]
+    first, second = seeds.summarise(rows, ["budget.sft_fraction", "seed"])
+    assert (first["budget.sft_fraction"], first["seeds"], first["missing"]) == ("0.2", "0 1 2", "")
+    assert first["rl in-domain mean"] == pytest.approx(0.5)
+    assert first["rl in-domain per seed"] == "0.400 0.500 0.600"
+    # pooled: 8 + 10 + 12 = 30 wins of 60 episodes
+    assert (first["rl in-domain pooled"], first["rl in-domain episodes"]) == (0.5, 60)
+    assert (first["rl in-domain pooled low"], first["rl in-domain pooled high"]) == wilson_interval(30, 60)
+    assert seeds.cell_text(first, "rl in-domain") == "50.0 [25.2, 74.8]"
+    assert seeds.per_seed_text(first, "rl in-domain") == "40 50 60"
+    # the failed seed is left out, named in `missing`; one seed left: no across-seed interval
+    assert (second["seeds"], second["missing"], second["rl in-domain episodes"]) == ("0", "b1", 20)
+    assert seeds.cell_text(second, "rl in-domain") == "90.0"
+    assert seeds.cell_text(second, "rl ood") == "–" and seeds.pooled_text(second, "rl ood") == "–"
+    table = seeds.summary_table([first, second], ["budget.sft_fraction", "seed"], ["rl in-domain"])
+    assert table[0] == {"budget.sft_fraction": "0.2", "seeds": "0 1 2", "rl in-domain": "50.0 [25.2, 74.8]",
+                        "rl in-domain per seed": "40 50 60"}
