@@ -64,6 +64,15 @@ def expand(sweeps: list[list[str]]) -> list[list[str]]:
     return [point["params.yaml"] for s in sweeps for point in get_hydra_sweeps({"params.yaml": list(s)})]
 
 
+def seed_major(points: list[list[str]]) -> list[list[str]]:
+    """The points ordered by their `seed` value (first-seen order of the values), the order within a
+    seed kept: the queue runs every setting's first seed before any second seed, so a sweep cut short
+    still compares every setting."""
+    seed_of = [dict(o.partition("=")[::2] for o in p).get(seeds.SEED_KEY, "") for p in points]
+    rank = {s: i for i, s in enumerate(dict.fromkeys(seed_of))}
+    return [p for _, _, p in sorted(zip((rank[s] for s in seed_of), range(len(points)), points))]
+
+
 def swept_keys(points: list[list[str]]) -> list[str]:
     """The override keys whose value differs between points, in first-seen order."""
     parsed = [dict(o.partition("=")[::2] for o in p) for p in points]
@@ -277,7 +286,7 @@ def sweep(
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())
     sweeps = load_preset(Path(project), preset)["sweeps"] if preset else [[]]
-    points = expand([[*s, *(overrides or [])] for s in sweeps])
+    points = seed_major(expand([[*s, *(overrides or [])] for s in sweeps]))
     named = dict(zip(point_names(points), points))
     title = name or preset or "sweep"
     out = f"{OUT_DIR}/{title}"

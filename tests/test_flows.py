@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))  # flows/ is a top-level folder, not part of the i
 from agentrecipe.report.compare import flatten  # noqa: E402
 from flows.dvc_dag import Dag  # noqa: E402
 from flows.pipeline import embed_images, metrics_rows  # noqa: E402
-from flows.sweep import expand, load_preset, point_names, swept_keys  # noqa: E402
+from flows.sweep import expand, load_preset, point_names, seed_major, swept_keys  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (ROOT / "params" / "sweep").glob("*.yaml"))
 
@@ -30,6 +30,13 @@ def test_sweeps_expand_as_dvc_does_first_key_slowest():
     ]
     # Hydra's own syntax for lists: three points, each with one list.
     assert expand([["env.levels=[a],[b,c]"]]) == [["env.levels=[a]"], ["env.levels=[b,c]"]]
+
+
+def test_points_run_seed_by_seed():
+    points = expand([["a=1,2", "seed=0,1"], ["a=3", "seed=0,1"]])
+    assert [" ".join(p) for p in seed_major(points)] == ["a=1 seed=0", "a=2 seed=0", "a=3 seed=0",
+                                                         "a=1 seed=1", "a=2 seed=1", "a=3 seed=1"]
+    assert seed_major([["a=1"], ["a=2"]]) == [["a=1"], ["a=2"]]  # no seed axis: as expanded
 
 
 def test_points_are_named_after_the_values_they_sweep():
