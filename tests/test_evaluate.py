@@ -23,7 +23,7 @@ from agentrecipe.eval.evaluate import evaluate_policy, games_from_folder, select
 ROOT = Path(__file__).resolve().parents[1]
 IN_DOMAIN, OOD = "w1-o2-q1", "w1-o3-q2"
 METRIC_KEYS = {"success", "success_ci_low", "success_ci_high", "score", "score_ci_low", "score_ci_high", "turns_won", "invalid_rate",
-               "pass@1", "pass@2", "n", "failed"}
+               "context_cut", "pass@1", "pass@2", "n", "failed"}
 
 torch.set_num_threads(1)
 

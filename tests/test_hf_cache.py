@@ -219,3 +219,18 @@ def _recomputed(model, prompt: list[int], action: list[int], allowed: list[list[
             mask[j, ids] = True
         logits = logits.masked_fill(~mask, float("-inf"))
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(action)[:, None]).squeeze(1).tolist()
+
+
+def test_episodes_the_context_outgrows_are_cut_and_counted_apart(tok, model, pool):
+    enc = PromptEncoder(tok, True, -1)  # full history: the prompt grows every turn
+    backend = HFBackend(model, tok.pad_token_id, tok.eos_token_id)
+    roomy = RolloutSettings(max_turns=3, decoding="admissible", max_context=2048, max_action_tokens=8, temperature=0.0)
+    full = run_episodes(GAMES, backend, enc, pool, roomy)
+    assert not any(ep.context_cut for ep in full) and any(ep.truncated for ep in full)  # cut by the turn limit only
+    first = max(len(enc.prompt(ep.observations[:1], [])[0]) for ep in full)
+    tight = RolloutSettings(max_turns=3, decoding="admissible", max_context=first + 40, max_action_tokens=8, temperature=0.0)
+    cut = run_episodes(GAMES, backend, enc, pool, tight)
+    assert any(ep.context_cut for ep in cut)
+    for ep, ref in zip(cut, full):
+        if ep.context_cut:
+            assert ep.truncated and not ep.won and 1 <= ep.turns < ref.turns and ep.summary()["context_cut"]

@@ -166,9 +166,10 @@ def test_rollout_stats_count_failed_episodes_apart():
 
     game = GameSpec(path="g", level="l", env="e", split="train", seed=0, max_score=2.0)
     won = Episode(game=game, action_ids=[[1], [2]], score_deltas=[1.0, 1.0], invalid=[False, True], won=True)
-    lost = Episode(game=game, action_ids=[[1]], score_deltas=[0.0], invalid=[False], truncated=True)
+    lost = Episode(game=game, action_ids=[[1]], score_deltas=[0.0], invalid=[False], truncated=True, context_cut=True)
     failed = Episode(game=game, action_ids=[[1]], score_deltas=[0.0], invalid=[False], failed=True)
     stats = rollout_stats([won, lost, failed], [[0.0, 1.0], [0.0], [5.0]], [0, 0, 1], group_size=2)
     assert stats == {"rollout/success": 0.5, "rollout/return": 0.5, "rollout/score": 0.5, "rollout/turns": 1.5,
-                     "rollout/invalid_rate": 1 / 3, "rollout/truncated": 0.5, "rollout/failed_episodes": 1.0,
+                     "rollout/invalid_rate": 1 / 3, "rollout/truncated": 0.5, "rollout/context_cut": 0.5,
+                     "rollout/failed_episodes": 1.0,
                      "rollout/zero_variance_groups": 0.0}

@@ -83,8 +83,9 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
     (``success_ci_low``, ``success_ci_high``), ``score`` (mean score / max score) with its
     95% normal interval (``score_ci_low``, ``score_ci_high``; `mean_interval`),
     ``turns_won`` (mean turns of won episodes, None if none won), ``invalid_rate``
-    (invalid actions / turns), ``n`` (greedy episodes) and ``failed`` (failed episodes of
-    both modes). ``pass@k`` averages, over games, the unbiased estimate from that game's
+    (invalid actions / turns), ``context_cut`` (share of greedy episodes ended by
+    agent.max_context: a context too small for the game cuts episodes short without an error),
+    ``n`` (greedy episodes) and ``failed`` (failed episodes of both modes). ``pass@k`` averages, over games, the unbiased estimate from that game's
     sampled episodes; a game without sampled episodes (a deterministic policy) passes
     at every k exactly when its greedy episode wins.
     """
@@ -104,6 +105,7 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
         "score_ci_high": score_high,
         "turns_won": _mean([r["turns"] for r in greedy if r["won"]]),
         "invalid_rate": sum(r["invalid"] for r in greedy) / turns if turns else 0.0,
+        "context_cut": sum(bool(r.get("context_cut")) for r in greedy) / len(greedy) if greedy else 0.0,
     }
     by_game: dict[str, list[dict]] = defaultdict(list)
     for r in records:

@@ -132,7 +132,7 @@ class _Rollout:
             if trie is not None:
                 reply_room = max(reply_room, self.caches[i]["longest"])
             if len(ids) + reply_room > settings.max_context:
-                ep.done, ep.truncated = True, True
+                ep.done, ep.truncated, ep.context_cut = True, True, True
                 ended.append(i)
                 continue
             prompts.append(ids)

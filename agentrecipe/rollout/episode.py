@@ -27,6 +27,8 @@ class Episode:
     done: bool = False
     truncated: bool = False
     """Ended by the turn limit or the context limit, not by the game."""
+    context_cut: bool = False
+    """Ended because the next prompt and reply no longer fit agent.max_context (truncated too)."""
     failed: bool = False
     """The environment crashed or hung; the episode is recorded but not trained on."""
     error: str = ""
@@ -71,6 +73,7 @@ class Episode:
             "turns": self.turns,
             "invalid": int(sum(self.invalid)),
             "truncated": self.truncated,
+            "context_cut": self.context_cut,
             "failed": self.failed,
             "error": self.error,
         }

@@ -229,6 +229,7 @@ def rollout_stats(episodes: list, rewards: list[list[float]], group_of: list[int
         "rollout/turns": sum(ep.turns for ep in played) / n,
         "rollout/invalid_rate": sum(sum(ep.invalid) for ep in played) / max(sum(ep.turns for ep in played), 1),
         "rollout/truncated": sum(ep.truncated for ep in played) / n,
+        "rollout/context_cut": sum(ep.context_cut for ep in played) / n,
         "rollout/failed_episodes": float(len(episodes) - len(played)),
     }
     if group_size >= 2 and ok:
