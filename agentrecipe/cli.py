@@ -161,8 +161,8 @@ def _check_envs(args: argparse.Namespace) -> int:
 
 
 def _finding_page(args: argparse.Namespace) -> int:
+    from agentrecipe.presets import load_preset
     from agentrecipe.report.finding import write_page
-    from flows.sweep import load_preset
 
     preset = load_preset(Path(args.project), args.preset)
     if "paper" not in preset:

@@ -137,6 +137,9 @@ class EnvConfig:
     """First seed of the train split (game i of a level uses seed_train + i)."""
     seed_valid: int
     seed_test: int
+    test_draw: int
+    """Which n_test test games: test game i has seed seed_test + test_draw * n_test + i. Follows the
+    run's `seed`, so the seeds of a sweep are tested on distinct games (0: the first n_test)."""
     workers: int
     """Processes that build games / step environments in parallel."""
     step_timeout: float
@@ -149,6 +152,12 @@ class EnvConfig:
     """Environment servers (`agentrecipe serve-env`) to play through instead of local workers, e.g.
     [http://127.0.0.1:8765]; episodes spread over them. Empty: local worker processes."""
 
+    def split_seeds(self) -> dict[str, range]:
+        """The game seeds of each split: seed_S + i, the test split's shifted by test_draw draws of n_test."""
+        test = self.seed_test + self.test_draw * self.n_test
+        return {"train": range(self.seed_train, self.seed_train + self.n_train),
+                "valid": range(self.seed_valid, self.seed_valid + self.n_valid), "test": range(test, test + self.n_test)}
+
     @property
     def family_options(self) -> dict[str, Any]:
         """Options handed to the environment family (build_games / make_env)."""
@@ -158,7 +167,7 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "env.levels", "needs at least one level")
-        for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test"):
+        for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test", "test_draw"):
             _check(getattr(self, key) >= 0, f"env.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.workers >= 1, "env.workers", "must be >= 1")
         _check(self.step_timeout > 0, "env.step_timeout", "must be > 0")
@@ -184,8 +193,7 @@ class EnvConfig:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         # Seed ranges of the splits must never overlap.
-        n_max = {"train": self.n_train, "valid": self.n_valid, "test": self.n_test}
-        ranges = sorted((getattr(self, f"seed_{s}"), getattr(self, f"seed_{s}") + n_max[s], s) for s in n_max)
+        ranges = sorted((r.start, r.stop, split) for split, r in self.split_seeds().items())
         for (a0, a1, sa), (b0, _, sb) in zip(ranges, ranges[1:]):
             _check(a1 <= b0, f"env.seed_{sb}", f"seed range of {sa} [{a0}, {a1}) overlaps {sb} starting at {b0}")
 

@@ -2,12 +2,12 @@
 
 Both are piecewise-constant lookups: phase k = min(step // every, K - 1)
 covers steps [k * every, (k + 1) * every), and the last phase lasts forever.
-`every = 0` (the default) spreads the K phases evenly over the run: ceil(n_steps / K).
+`every = 0` (the default) spreads the K phases over the run: floor(n_steps / K) steps each,
+the last phase keeping the remainder (it starts before the run ends whenever n_steps >= K).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -51,19 +51,23 @@ def curriculum_levels(step: int, phases: list[list[str]], every: int, default: l
 
 
 def phase_steps(every: int, n_phases: int, n_steps: int) -> int:
-    """Steps per phase: `every`, or for 0 the run's steps split evenly, ceil(n_steps / n_phases)
-    (25 steps, 3 phases: 9, so steps 0-8, 9-17, 18-24)."""
+    """Steps per phase: `every`, or for 0 the run's steps split between the phases, floor(n_steps /
+    n_phases), the last phase keeping the rest (25 steps, 3 phases: 8, so steps 0-7, 8-15, 16-24)."""
     if every < 0:
         raise ValueError(f"every must be >= 0, got {every}")
-    return every if every else max(1, math.ceil(n_steps / max(1, n_phases)))
+    return every if every else max(1, n_steps // max(1, n_phases))
 
 
 def unreached_phases(key: str, n_phases: int, every: int, n_steps: int) -> str | None:
     """An error naming `key` (rl.turn_schedule_every, rl.curriculum_every) when a schedule of
     `n_phases` phases, moving every `every` steps, never reaches its last phase in `n_steps` steps:
     the last phase starts at step (n_phases - 1) * every. None when it does (or nothing is scheduled)."""
-    if n_phases <= 1 or n_steps <= 0 or (n_phases - 1) * every < n_steps:
+    steps = phase_steps(every, n_phases, n_steps)
+    if n_phases <= 1 or n_steps <= 0 or (n_phases - 1) * steps < n_steps:
         return None
-    return (f"{key}={every}: the last of the {n_phases} phases starts at step {(n_phases - 1) * every}, "
-            f"but this run has {n_steps} RL steps; set {key} to at most {max(1, (n_steps - 1) // (n_phases - 1))} "
-            "(or raise budget.total_units)")
+    if n_steps < n_phases:
+        return (f"{key}: {n_phases} phases, but this run has only {n_steps} RL steps; raise budget.total_units "
+                "or drop phases")
+    return (f"{key}={every}: the last of the {n_phases} phases starts at step {(n_phases - 1) * steps}, "
+            f"but this run has {n_steps} RL steps; set {key} to at most {(n_steps - 1) // (n_phases - 1)} "
+            "(or 0, or raise budget.total_units)")

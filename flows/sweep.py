@@ -31,30 +31,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from agentrecipe.presets import load_preset
 from agentrecipe.report import compare, seeds
 from flows.dvc_dag import dvc, dvc_env, run
 
-PRESET_DIR = "params/sweep"
 OUT_DIR = "data/sweeps"
-
-
-def load_preset(project: Path, preset: str) -> dict[str, Any]:
-    """params/sweep/<preset>.yaml: {description, sweeps: [[override, ...], ...]}, and for a finding
-    `paper`, what the papers report (its docs/results page quotes it)."""
-    path = project / PRESET_DIR / f"{preset}.yaml"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in (project / PRESET_DIR).glob("*.yaml")))
-        raise ValueError(f"unknown sweep preset {preset!r}; presets in {PRESET_DIR}/: {known or 'none'}")
-    data = yaml.safe_load(path.read_text()) or {}
-    sweeps = data.get("sweeps")
-    if set(data) - {"description", "paper", "sweeps"} or not sweeps or not all(isinstance(s, list) for s in sweeps):
-        raise ValueError(f"{path}: expected `description`, `sweeps` (a list of lists of overrides) and optionally `paper`")
-    return data
 
 
 def expand(sweeps: list[list[str]]) -> list[list[str]]:
@@ -183,6 +168,8 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
                           description=f"Sweep {title}: {len(rows)} experiments ({out}/results.csv has every metric)")
     narrow = ["experiment", "state", *swept, "rl in-domain", "rl ood"]  # fits 120 columns
     get_run_logger().info("sweep %s:\n%s", title, compare.format_table([{c: r[c] for c in narrow} for r in rows]))
+    for stale in ("summary.csv", "summary.png"):  # an earlier run of this name with a seed axis
+        (folder / stale).unlink(missing_ok=True)
     if seeds.SEED_KEY in swept:
         write_seed_summary(rows, swept, title, folder)
     return rows
@@ -293,13 +280,13 @@ def sweep(
     (Path(project) / out).mkdir(parents=True, exist_ok=True)
     logger.info("sweep %s: %d points: %s", title, len(named), ", ".join(named))
 
-    started = time.time()
+    started, revision = time.time(), git_revision(project)  # what the queued experiments start from
     queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
                                                              return_state=True)
     rows = collect_results(project, named, out, title)
     write_run_record(Path(project) / out, {
-        "command": command_line(preset, overrides, jobs, name, targets), "revision": git_revision(project),
+        "command": command_line(preset, overrides, jobs, name, targets), "revision": revision,
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
         "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine()})
     if not ran.is_completed():

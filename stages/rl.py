@@ -93,7 +93,8 @@ def main() -> None:
                 live.log_metric("rollout/success", float("nan"))
         print(f"rl: budget leaves {cfg['budget'].rl_episodes} episodes, less than one step; SFT model passed through")
         return
-    # A schedule whose last phase the budget never reaches is a mistake (every = 0 always fits).
+    # A schedule whose last phase the budget never reaches is a mistake (every = 0 fits any run of
+    # at least as many steps as phases).
     for error in (unreached_phases("rl.turn_schedule_every", len(rl.turn_schedule), rl.turn_schedule_every, n_steps),
                   unreached_phases("rl.curriculum_every", len(rl.curriculum), rl.curriculum_every, n_steps)):
         if error:

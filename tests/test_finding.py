@@ -35,6 +35,7 @@ def sweep_folder(tmp_path):
     (folder / "run.json").write_text(json.dumps({
         "command": "python -m flows.sweep --preset env_complexity", "revision": "abc1234", "started": "2026-12-01 10:00:00 UTC",
         "wall_s": 3600, "points": 4, "succeeded": 3, "machine": "2 cores"}))
+    (folder / "summary.png").write_bytes(b"\x89PNG")
     return folder
 
 
@@ -56,7 +57,10 @@ def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
     assert "| [A] | 0 1 | 55.0 [0.0, 100.0] | 50 60 | 55.0 [39.8, 69.3] n=40 |" in page
     assert "| [B] | 0 | 10.0 | 10 | 10.0 [2.8, 30.1] n=20 |" in page
     assert "![RL success per setting](env_complexity/summary.png)" in page
-    assert sorted(p.name for p in (tmp_path / "docs" / "env_complexity").iterdir()) == ["results.csv", "run.json", "summary.csv"]
+    assert sorted(p.name for p in (tmp_path / "docs" / "env_complexity").iterdir()) == [
+        "results.csv", "run.json", "summary.csv", "summary.png"]
+    (sweep_folder / "summary.png").unlink()  # no plot: no link to one
+    assert "summary.png" not in write_page(sweep_folder, tmp_path / "other.md", "C", "c.", "v.").read_text()
 
 
 def test_cli_needs_a_finished_sweep_and_reads_the_preset(tmp_path, capsys):

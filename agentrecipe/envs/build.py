@@ -1,6 +1,7 @@
 """The curriculum build: every level's train / valid / test games, checked, plus a manifest.
 
-Game i of split S uses seed ``seed_S + i`` (EnvConfig keeps the three ranges apart);
+Game i of split S uses seed ``seed_S + i``, the test split's shifted by ``test_draw``
+draws of n_test (`EnvConfig.split_seeds`; EnvConfig keeps the three ranges apart);
 ood levels get test games only. Games go to ``out_dir/<level>/<split>/`` and are made
 by `env_cfg.workers` processes, each building a batch of games (one interpreter start
 per batch, not per game). Every expert plan is replayed and must win its game.
@@ -55,13 +56,13 @@ def build_batch(job: Job) -> list[GameSpec]:
 def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
     """Batches of seeds: about four per worker, so a slow level does not leave workers idle."""
     wanted: list[tuple[str, str, list[int]]] = []
+    split_seeds = env_cfg.split_seeds()
     for level in env_cfg.levels:
         for split in SPLITS:
-            first, n = getattr(env_cfg, f"seed_{split}"), getattr(env_cfg, f"n_{split}")
-            wanted.append((level, split, list(range(first, first + n))))
+            wanted.append((level, split, list(split_seeds[split])))
     for level in env_cfg.ood_levels:
         if level not in env_cfg.levels:
-            wanted.append((level, "test", list(range(env_cfg.seed_test, env_cfg.seed_test + env_cfg.n_test))))
+            wanted.append((level, "test", list(split_seeds["test"])))
     total = sum(len(seeds) for *_, seeds in wanted)
     size = max(1, -(-total // (4 * env_cfg.workers)))
     return [

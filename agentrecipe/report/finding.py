@@ -115,10 +115,11 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
         "(greedy, one per test game); every setting uses the same params except the swept keys",
         "", "## RL policy (greedy success, %)", "",
-        "Mean of the seeds with Student's t 95% interval (training and test noise), the per-seed values, "
-        "and all seeds' test episodes pooled with a 95% Wilson interval (test noise only).", "",
+        "Mean of the seeds with Student's t 95% interval (training noise and, where each seed has its own "
+        "test games, their draw), the per-seed values, and all seeds' greedy test episodes pooled with a "
+        "95% Wilson interval.", "",
         _md_table(header, rows), "",
-        f"![RL success per setting]({assets}/summary.png)", "",
+        *([f"![RL success per setting]({assets}/summary.png)", ""] if (folder / "summary.png").exists() else []),
         "## SFT policy of the same runs (greedy success, %)", "",
         _md_table(sft_header, sft_rows), "",
         "## RL policy on every tested level (mean of the seeds, %)", "",

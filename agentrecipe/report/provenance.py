@@ -12,7 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-SEED_KEYS = ("model.seed", "sft.seed", "rl.seed", "eval.seed", "env.seed_train", "env.seed_valid", "env.seed_test")
+SEED_KEYS = ("seed", "model.seed", "sft.seed", "rl.seed", "eval.seed", "env.seed_train", "env.seed_valid", "env.seed_test",
+             "env.test_draw")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

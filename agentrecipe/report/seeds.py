@@ -6,9 +6,12 @@ out-of-domain greedy success), two intervals that answer different questions:
 
 - across seeds: mean of the per-seed success rates with Student's t interval,
       mean +- t_{0.975, n-1} * s / sqrt(n)      (s: sample standard deviation, n seeds)
-  how much a rerun with another seed moves the answer (training noise and test noise);
-- pooled: the test episodes of every seed pooled, Wilson (1927) 95% interval,
-  how precisely these trained models were measured (test-game noise only; narrower).
+  how much a rerun with another seed moves the answer: training noise, plus the draw of test
+  games since each seed is tested on its own (env.test_draw follows the seed);
+- pooled: the greedy test episodes of every seed pooled, Wilson (1927) 95% interval: the
+  precision of the setting's success over all the games its seeds were tested on (distinct games
+  when env.test_draw follows the seed; with one shared set of games it overstates it, since the
+  same game then counts once per seed).
 
 With one seed there is no across-seed interval (nan).
 """
