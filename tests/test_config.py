@@ -65,6 +65,15 @@ def test_one_seed_key_sets_every_seed_of_a_run():
     assert (one["rl"].seed, one["sft"].seed) == (5, 3)
 
 
+def test_each_seed_draws_its_own_test_games_and_keeps_the_train_games():
+    default, other = (parse_config(compose(ROOT / "params", o))["env"] for o in ([], ["seed=2"]))
+    assert (default.test_draw, other.test_draw) == (0, 2)
+    assert default.split_seeds()["test"] == range(1, 21) and other.split_seeds()["test"] == range(41, 61)
+    assert other.split_seeds()["train"] == default.split_seeds()["train"] == range(50001, 50051)
+    with pytest.raises(ConfigError, match=r"env.seed_test: seed range of valid \[40001, 40011\) overlaps test starting at 40001"):
+        parse_config(compose(ROOT / "params", ["env.test_draw=2000"]))
+
+
 def test_mistyped_root_seed_is_refused(tmp_path):
     raw = compose(ROOT / "params")
     raw["seed"] = "one"
