@@ -52,7 +52,7 @@ def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
     assert page.startswith("# Complexity\n") and "**The papers:** simple transfers." in page
     assert "**Answer at laptop scale:** It does not reproduce here." in page
     assert "    python -m flows.sweep --preset env_complexity" in page and "revision `abc1234`" in page
-    assert "wall time 60 min (4 experiments, 3 succeeded; failed: [B]-1)" in page
+    assert "wall time 60 min (4 experiments, 3 succeeded; not run or failed: [B]-1)" in page
     # [A]: 0.5 and 0.6 -> mean 55.0, t_{0.975,1} = 12.706: 55.0 +- 63.5 clipped; pooled 22 of 40
     assert "| [A] | 0 1 | 55.0 [0.0, 100.0] | 50 60 | 55.0 [39.8, 69.3] n=40 |" in page
     assert "| [B] | 0 | 10.0 | 10 | 10.0 [2.8, 30.1] n=20 |" in page

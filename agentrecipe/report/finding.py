@@ -110,7 +110,7 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         "## How it was run", "",
         f"    {run['command']}", "",
         f"- revision `{run['revision']}`, started {run['started']}, wall time {run['wall_s'] / 60:.0f} min "
-        f"({run['points']} experiments, {run['succeeded']} succeeded{'; failed: ' + ', '.join(failed) if failed else ''})",
+        f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
         f"- machine: {run['machine']}",
         f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
         "(greedy, one per test game); every setting uses the same params except the swept keys",
