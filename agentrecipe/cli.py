@@ -28,6 +28,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from agentrecipe.envs.pool import open_pool
     from agentrecipe.eval.baselines import BASELINES
     from agentrecipe.eval.evaluate import evaluate_policy, games_from_folder, load_policy, select_games, write_results
+    from agentrecipe.eval.metrics import context_cut_warnings
     from agentrecipe.models.registry import DTYPES
     from agentrecipe.report.tables import results_table
 
@@ -75,7 +76,10 @@ def _evaluate(args: argparse.Namespace) -> int:
             policy = load_policy(spec, agent, device, DTYPES[cfg["model"].dtype], name)
             results.append(evaluate_policy(policy, games, pool, eval_cfg))
     path = write_results(args.out, results)
-    print(results_table({r.policy: r.summary for r in results}, levels))
+    metrics = {r.policy: r.summary for r in results}
+    print(results_table(metrics, levels))
+    for line in context_cut_warnings(metrics, levels, agent.max_context):
+        print(line, file=sys.stderr)
     print(f"wrote {path}")
     error = failed_share_error([rec for r in results for rec in r.records], eval_cfg.max_failed_share,
                                "eval.max_failed_share")

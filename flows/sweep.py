@@ -12,9 +12,11 @@ that fails shows no numbers, and fails the flow run once the table is written.
 
     python -m flows.sweep --preset algo_x_reward --override experiment=micro
     python -m flows.sweep --override 'rl=ppo,grpo' --override 'reward=sparse,dense' --jobs 2
+    python -m flows.sweep --preset budget_split --point sft_fraction-0.6_seed-1
 
 A preset (params/sweep/<preset>.yaml) is a list of such sweeps; `--override`
-adds to each of them.
+adds to each of them; `--point NAME` (repeatable) runs only the named points
+(rerun one that failed, or finish a sweep cut short).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from prefect.cache_policies import NO_CACHE
 
 from agentrecipe.presets import load_preset
 from agentrecipe.report import compare, seeds
+from agentrecipe.report.provenance import git_revision
 from flows.dvc_dag import dvc, dvc_env, run
 
 OUT_DIR = "data/sweeps"
@@ -256,6 +259,7 @@ def sweep(
     name: str | None = None,
     timeout_s: float | None = None,
     targets: list[str] | None = None,
+    only: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Queue one DVC experiment per point, run DVC's queue, compare the points in one table.
 
@@ -269,12 +273,14 @@ def sweep(
         name: names data/sweeps/<name>/ and the artifact (default: the preset, or "sweep").
         timeout_s: Prefect's timeout of the run-queue task: running experiments are killed after it.
         targets: stages each point runs, with their upstream (`dvc exp run <targets>`); default all.
+        only: run only the points of these names (default all; an unknown name is refused, naming the known).
     """
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())
     sweeps = load_preset(Path(project), preset)["sweeps"] if preset else [[]]
     points = seed_major(expand([[*s, *(overrides or [])] for s in sweeps]))
-    named = dict(zip(point_names(points), points))
+    every = dict(zip(point_names(points), points))
+    named = select_points(every, only)
     title = name or preset or "sweep"
     out = f"{OUT_DIR}/{title}"
     (Path(project) / out).mkdir(parents=True, exist_ok=True)
@@ -284,32 +290,34 @@ def sweep(
     queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
                                                              return_state=True)
-    rows = collect_results(project, named, out, title)
-    write_run_record(Path(project) / out, {
-        "command": command_line(preset, overrides, jobs, name, targets), "revision": revision,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
-        "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine()})
+    rows = collect_results(project, every, out, title)  # with --point, the others from earlier runs of this commit
+    record = {"command": command_line(preset, overrides, jobs, name, targets, only), "revision": revision,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
+              "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine()}
+    write_run_record(Path(project) / out, record, keep_earlier=bool(only))
     if not ran.is_completed():
         raise RuntimeError(f"the queue did not finish ({ran.message}); see {out}/results.csv")
-    if failed := [r["experiment"] for r in rows if r["state"] != "success"]:
-        raise RuntimeError(f"{len(failed)} of {len(rows)} points failed ({', '.join(failed)}); see {out}/results.csv")
+    if failed := [r["experiment"] for r in rows if r["state"] != "success" and r["experiment"] in named]:
+        raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({', '.join(failed)}); see {out}/results.csv")
     return rows
 
 
+def select_points(named: dict[str, list[str]], only: list[str] | None) -> dict[str, list[str]]:
+    """The points named in `only` (all when it is empty), in the sweep's order."""
+    if not only:
+        return named
+    if unknown := [n for n in only if n not in named]:
+        raise ValueError(f"no point named {', '.join(unknown)} in this sweep; its points: {', '.join(named)}")
+    return {n: o for n, o in named.items() if n in only}
+
+
 def command_line(preset: str | None, overrides: list[str] | None, jobs: int, name: str | None,
-                 targets: list[str] | None) -> str:
+                 targets: list[str] | None, only: list[str] | None = None) -> str:
     """The `python -m flows.sweep ...` command that runs this sweep."""
     args = [*(["--preset", preset] if preset else []), *[a for o in overrides or [] for a in ("--override", o)],
             *(["--jobs", str(jobs)] if jobs != 1 else []), *(["--name", name] if name else []),
-            *[a for t in targets or [] for a in ("--target", t)]]
+            *[a for t in targets or [] for a in ("--target", t)], *[a for n in only or [] for a in ("--point", n)]]
     return shlex.join(["python", "-m", "flows.sweep", *args])
-
-
-def git_revision(project: str) -> str:
-    """The commit the sweep's experiments start from (with '+edits' when tracked files differ from it)."""
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=project).returncode != 0
-    return rev + ("+edits" if dirty else "")
 
 
 def machine() -> str:
@@ -318,9 +326,15 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, {platform.platform()}, Python {platform.python_version()}"
 
 
-def write_run_record(folder: Path, record: dict[str, Any]) -> None:
-    """run.json beside results.csv: the command, git revision, start, wall time and machine of the sweep."""
-    (folder / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+def write_run_record(folder: Path, record: dict[str, Any], keep_earlier: bool = False) -> None:
+    """run.json beside results.csv: the command, git revision, start, wall time and machine of the sweep.
+    keep_earlier (a run of some points only): the records of the earlier runs of this sweep stay in
+    its `earlier` list, so the wall time of the whole sweep is still known."""
+    path = folder / "run.json"
+    if keep_earlier and path.exists():
+        before = json.loads(path.read_text())
+        record = {**record, "earlier": [*before.pop("earlier", []), before]}
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project-dir", default=".")
     parser.add_argument("--timeout-s", type=float)
     parser.add_argument("--target", action="append", dest="targets", help="run only this stage and its upstream (repeatable)")
+    parser.add_argument("--point", action="append", dest="only", help="run only the point of this name (repeatable)")
     args = parser.parse_args(argv)
     state = sweep(preset=args.preset, overrides=args.overrides, jobs=args.jobs, project_dir=args.project_dir,
-                  name=args.name, timeout_s=args.timeout_s, targets=args.targets, return_state=True)
+                  name=args.name, timeout_s=args.timeout_s, targets=args.targets, only=args.only, return_state=True)
     return 0 if state.is_completed() else 1
 
 

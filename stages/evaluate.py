@@ -20,13 +20,13 @@ from agentrecipe.envs.check_games import failed_share_error
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.eval.baselines import get_baseline
 from agentrecipe.eval.evaluate import ModelPolicy, evaluate_policy, select_games, write_results
+from agentrecipe.eval.metrics import context_cut_warnings
 from agentrecipe.models.registry import DTYPES
 from agentrecipe.report.tables import results_table
 from stages.common import env_pool, load_sections, stage_args, torch_threads
 
 MODELS = ("base", "sft", "rl")
 BASELINES = ("expert", "random", "first")
-CONTEXT_CUT_WARN = 0.1  # share of a policy's episodes ended by the context limit above which to warn
 
 
 def main() -> None:
@@ -68,12 +68,8 @@ def main() -> None:
 
     metrics = {r.policy: r.summary for r in results}
     print(results_table(metrics))
-    for r in results:  # no error (the episodes are valid), but the numbers measure the context, not the policy
-        greedy = [rec for rec in r.records if rec["mode"] == "greedy"]
-        cut = sum(bool(rec.get("context_cut")) for rec in greedy) / max(1, len(greedy))
-        if cut > CONTEXT_CUT_WARN:
-            print(f"warning: {cut:.0%} of the {r.policy} policy's greedy episodes ended because the prompt outgrew "
-                  f"agent.max_context ({cfg['agent'].max_context} tokens): raise it, or lower agent.history")
+    for line in context_cut_warnings(metrics, levels, cfg["agent"].max_context):
+        print(line)
     print(f"evaluate: {len(MODELS + BASELINES)} policies x {len(games)} games ({len(levels)} levels) in "
           f"{time.perf_counter() - start:.1f} s on {device}; {failures} environment failures -> {args.out}")
 

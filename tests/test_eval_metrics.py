@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agentrecipe.eval.metrics import pass_at_k, summarize, summarize_levels, wilson_interval
+from agentrecipe.eval.metrics import context_cut_warnings, pass_at_k, summarize, summarize_levels, wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -91,3 +91,12 @@ def test_summarize_levels_with_groups():
     out = summarize_levels(records, [1], {"in_domain": ["A", "B"], "ood": ["C"], "empty": []})
     assert list(out) == ["A", "B", "C", "in_domain", "ood"]
     assert out["in_domain"]["success"] == 0.5 and out["in_domain"]["n"] == 2
+
+
+def test_context_cut_warns_per_policy_and_level_above_the_threshold():
+    cut = {"rl": {"a": {"context_cut": 0.5}, "b": {"context_cut": 0.1}, "in_domain": {"context_cut": 0.3}},
+           "sft": {"a": {"context_cut": 0.0}}, "random": {"a": {}}}
+    lines = context_cut_warnings(cut, ["a", "b", "c"], 1024)
+    assert lines == ["warning: 50% of the rl policy's greedy episodes on a ended because the prompt outgrew "
+                     "agent.max_context (1024 tokens): raise it, or lower agent.history"]  # 0.1 is not above
+    assert context_cut_warnings(cut, ["b"], 1024, threshold=0.05)[0].startswith("warning: 10% of the rl policy's")

@@ -59,6 +59,14 @@ def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
     assert "![RL success per setting](env_complexity/summary.png)" in page
     assert sorted(p.name for p in (tmp_path / "docs" / "env_complexity").iterdir()) == [
         "results.csv", "run.json", "summary.csv", "summary.png"]
+    # Finished later with --point: both commands, the wall time of both runs.
+    first = json.loads((sweep_folder / "run.json").read_text())
+    (sweep_folder / "run.json").write_text(json.dumps({
+        **first, "command": "python -m flows.sweep --preset env_complexity --point x", "wall_s": 600,
+        "started": "2026-12-01 12:00:00 UTC", "earlier": [first]}))
+    page = write_page(sweep_folder, tmp_path / "again.md", "C", "c.", "v.").read_text()
+    assert "    python -m flows.sweep --preset env_complexity\n    python -m flows.sweep --preset env_complexity --point x" in page
+    assert "started 2026-12-01 10:00:00 UTC, wall time 70 min over 2 runs (4 experiments" in page
     (sweep_folder / "summary.png").unlink()  # no plot: no link to one
     assert "summary.png" not in write_page(sweep_folder, tmp_path / "other.md", "C", "c.", "v.").read_text()
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))  # flows/ is a top-level folder, not part of the i
 from agentrecipe.report.compare import flatten  # noqa: E402
 from flows.dvc_dag import Dag  # noqa: E402
 from flows.pipeline import embed_images, metrics_rows  # noqa: E402
-from flows.sweep import expand, load_preset, point_names, seed_major, swept_keys  # noqa: E402
+from flows.sweep import expand, load_preset, point_names, seed_major, select_points, swept_keys  # noqa: E402
 
 PRESETS = sorted(p.stem for p in (ROOT / "params" / "sweep").glob("*.yaml"))
 
@@ -53,6 +53,14 @@ def test_points_are_named_after_the_values_they_sweep():
     assert point_names([["a=1"], ["a=1"]]) == ["a-1", "a-1-2"]
     for name in point_names(points):
         assert subprocess.run(["git", "check-ref-format", f"refs/exps/{name}"]).returncode == 0, name
+
+
+def test_point_selection_keeps_the_sweep_order_and_refuses_unknown_names():
+    named = {"a-1": ["a=1"], "a-2": ["a=2"], "a-3": ["a=3"]}
+    assert select_points(named, None) == named and select_points(named, []) == named
+    assert list(select_points(named, ["a-3", "a-1"])) == ["a-1", "a-3"]
+    with pytest.raises(ValueError, match="no point named a-9 in this sweep; its points: a-1, a-2, a-3"):
+        select_points(named, ["a-9"])
 
 
 def test_unknown_preset_lists_the_known_ones():
@@ -382,8 +390,10 @@ def test_finding_presets_sweep_three_seeds_at_the_findings_scale():
 def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_path, subprocess_env):
     """Each finding preset's micro version (`experiment=micro seed=0` added: the last value of a key
     wins) through the flow on DVC's real queue, in a copy of this project, up to the validate stage:
-    every point queued, composed by DVC's Hydra and validated (every key, the cross-section checks),
-    then collected. (The whole DAG of a micro point: test_pipeline_e2e.py.)"""
+    one point of each (`--point`) queued, composed by DVC's Hydra and validated (every key, the
+    cross-section checks), then the whole sweep collected. Every point of every preset is composed
+    and validated in-process by test_presets_compose_into_valid_params; the whole DAG of a micro
+    point is test_pipeline_e2e.py's."""
     from flows.sweep import sweep
     from tests.dvc_project import copy_project
 
@@ -392,12 +402,27 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
     # dvc.lock names outputs that this copy's cache lacks: a run of `validate` only would fail to save them
     git(project, "rm", "-q", "dvc.lock")
     git(project, "commit", "-qm", "no lock")
+    points_of = {}
     for preset in FINDINGS:
         micro = "experiment=alfworld_micro" if preset == "alfworld_sft_rl" else "experiment=micro"
-        rows = sweep(preset=preset, overrides=[micro, "seed=0"], project_dir=str(project), targets=["validate"], jobs=2)
-        assert rows and [r["state"] for r in rows] == ["success"] * len(rows), preset
+        names = points_of[preset] = point_names(seed_major(expand([[*s, micro, "seed=0"] for s in load_preset(ROOT, preset)["sweeps"]])))
+        picked = names[-1:] if preset == "turn_schedule" else names[:1]
+        rows = sweep(preset=preset, overrides=[micro, "seed=0"], project_dir=str(project), targets=["validate"],
+                     only=picked)
+        assert [r["experiment"] for r in rows] == names, preset  # the table holds the whole sweep
+        assert [r["state"] for r in rows if r["experiment"] in picked] == ["success"], preset
+        assert all(r["state"] == "missing" for r in rows if r["experiment"] not in picked), preset
         record = json.loads((project / f"data/sweeps/{preset}/run.json").read_text())
-        assert record["points"] == len(rows) and record["command"].startswith(f"python -m flows.sweep --preset {preset}")
+        assert record["points"] == len(names) and record["succeeded"] == 1
+        assert record["command"] == f"python -m flows.sweep --preset {preset} --override {micro} --override seed=0 " \
+                                    f"--target validate --point {picked[0]}"
+    # Finishing a sweep with another point: both succeed in its table, the first run's record is kept.
+    names = points_of["turn_schedule"]
+    rows = sweep(preset="turn_schedule", overrides=["experiment=micro", "seed=0"], project_dir=str(project),
+                 targets=["validate"], only=names[:1])
+    assert [r["state"] for r in rows] == ["success", "missing", "success"]
+    record = json.loads((project / "data/sweeps/turn_schedule/run.json").read_text())
+    assert record["succeeded"] == 2 and [r["command"].split()[-1] for r in record["earlier"]] == [names[-1]]
 
 
 SLEEP_YAML = """\

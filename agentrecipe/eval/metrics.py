@@ -135,3 +135,17 @@ def summarize_levels(records: Iterable[dict], pass_k: list[int], groups: dict[st
         if rs:
             out[name] = summarize(rs, pass_k)
     return out
+
+
+CONTEXT_CUT_WARN = 0.1
+"""Share of a policy's greedy episodes on a level, ended by agent.max_context, above which to warn."""
+
+
+def context_cut_warnings(metrics: dict[str, dict[str, dict]], levels: list[str], max_context: int,
+                         threshold: float = CONTEXT_CUT_WARN) -> list[str]:
+    """A line per policy and level whose `context_cut` share exceeds `threshold`. Such episodes are valid
+    (no error, no failure), but their numbers measure the context limit, not the policy."""
+    return [f"warning: {cells[lvl]['context_cut']:.0%} of the {policy} policy's greedy episodes on {lvl} ended "
+            f"because the prompt outgrew agent.max_context ({max_context} tokens): raise it, or lower agent.history"
+            for policy, cells in metrics.items() for lvl in levels
+            if lvl in cells and cells[lvl].get("context_cut", 0.0) > threshold]

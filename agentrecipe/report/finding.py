@@ -103,13 +103,15 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
     sft_header, sft_rows = summary_rows(summary, ["sft in-domain", "sft ood"])
     m_header, m_rows = level_matrix(results, [k for k in keys if k != seeds.SEED_KEY])
     failed = [r["experiment"] for r in results if r.get("state") != "success"]
+    runs = [*run.get("earlier", []), run]  # a sweep finished with --point: every run of it, first to last
     return "\n".join([
         f"# {title}", "",
         f"**The papers:** {claim}", "",
         f"**Answer at laptop scale:** {verdict}", "",
         "## How it was run", "",
-        f"    {run['command']}", "",
-        f"- revision `{run['revision']}`, started {run['started']}, wall time {run['wall_s'] / 60:.0f} min "
+        *[f"    {r['command']}" for r in runs], "",
+        f"- revision `{run['revision']}`, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
+        f"{f' over {len(runs)} runs' if len(runs) > 1 else ''} "
         f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
         f"- machine: {run['machine']}",
         f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
