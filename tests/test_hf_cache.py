@@ -7,7 +7,7 @@ import torch
 
 from agentrecipe.agent.decoding import TokenTrie
 from agentrecipe.agent.prompt import PromptEncoder, user_text
-from agentrecipe.config import ModelConfig
+from agentrecipe.config import AgentConfig, ModelConfig
 from agentrecipe.envs import registry
 from agentrecipe.envs.base import GameSpec, Observation
 from agentrecipe.envs.pool import EnvPool
@@ -16,6 +16,7 @@ from agentrecipe.models.tokenizer import train_tokenizer
 from agentrecipe.rollout.backend import SamplingParams
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rollout.hf_backend import HFBackend, TrieBatch, common_prefix, sample_batch
+from agentrecipe.train.validation import validation_stats
 
 torch.set_num_threads(1)
 
@@ -234,3 +235,8 @@ def test_episodes_the_context_outgrows_are_cut_and_counted_apart(tok, model, poo
     for ep, ref in zip(cut, full):
         if ep.context_cut:
             assert ep.truncated and not ep.won and 1 <= ep.turns < ref.turns and ep.summary()["context_cut"]
+    # RL's held-out curve counts them too (the same greedy episodes through validation_stats)
+    agent = AgentConfig(history=-1, decoding="admissible", max_context=first + 40, max_action_tokens=8)
+    stats = validation_stats(GAMES, backend, enc, pool, agent, max_turns=3)
+    assert stats["valid/context_cut"] > 0
+    assert stats["valid/context_cut"] == pytest.approx(sum(ep.context_cut for ep in cut) / len(cut))

@@ -12,7 +12,9 @@ from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 
 
 def validation_stats(games: list[GameSpec], backend, encoder, pool, agent, max_turns: int) -> dict[str, float]:
-    """`valid/*` metrics of one greedy episode per game: success, normalised score, turns, failed episodes.
+    """`valid/*` metrics of one greedy episode per game: success, normalised score, turns, failed episodes,
+    and the share of episodes ended because the prompt outgrew agent.max_context (`valid/context_cut`:
+    above 0, the curve measures the context limit as well as the policy).
 
     Failed episodes (environment crash or hang) count as not won, as in evaluation."""
     settings = RolloutSettings.from_agent(agent, max_turns, temperature=0.0, seed=0)
@@ -23,6 +25,7 @@ def validation_stats(games: list[GameSpec], backend, encoder, pool, agent, max_t
         "valid/score": sum(ep.score / max(ep.game.max_score, 1e-9) for ep in episodes) / n,
         "valid/turns": sum(ep.turns for ep in episodes) / n,
         "valid/failed_episodes": float(sum(ep.failed for ep in episodes)),
+        "valid/context_cut": sum(ep.context_cut for ep in episodes) / n,
     }
 
 
