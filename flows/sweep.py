@@ -277,9 +277,7 @@ def sweep(
     """
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())
-    sweeps = load_preset(Path(project), preset)["sweeps"] if preset else [[]]
-    points = seed_major(expand([[*s, *(overrides or [])] for s in sweeps]))
-    every = dict(zip(point_names(points), points))
+    every = sweep_points(Path(project), preset, overrides)
     named = select_points(every, only)
     title = name or preset or "sweep"
     out = f"{OUT_DIR}/{title}"
@@ -300,6 +298,14 @@ def sweep(
     if failed := [r["experiment"] for r in rows if r["state"] != "success" and r["experiment"] in named]:
         raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({', '.join(failed)}); see {out}/results.csv")
     return rows
+
+
+def sweep_points(project: Path, preset: str | None, overrides: list[str] | None) -> dict[str, list[str]]:
+    """{name: overrides} of every point of the preset's sweeps (or of `overrides` alone), `overrides`
+    added to each sweep, in the order the queue runs them (seed by seed)."""
+    sweeps = load_preset(project, preset)["sweeps"] if preset else [[]]
+    points = seed_major(expand([[*s, *(overrides or [])] for s in sweeps]))
+    return dict(zip(point_names(points), points))
 
 
 def select_points(named: dict[str, list[str]], only: list[str] | None) -> dict[str, list[str]]:

@@ -394,7 +394,7 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
     cross-section checks), then the whole sweep collected. Every point of every preset is composed
     and validated in-process by test_presets_compose_into_valid_params; the whole DAG of a micro
     point is test_pipeline_e2e.py's."""
-    from flows.sweep import sweep
+    from flows.sweep import sweep, sweep_points
     from tests.dvc_project import copy_project
 
     (tmp_path / "p").mkdir()
@@ -405,7 +405,7 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
     points_of = {}
     for preset in FINDINGS:
         micro = "experiment=alfworld_micro" if preset == "alfworld_sft_rl" else "experiment=micro"
-        names = points_of[preset] = point_names(seed_major(expand([[*s, micro, "seed=0"] for s in load_preset(ROOT, preset)["sweeps"]])))
+        names = points_of[preset] = list(sweep_points(project, preset, [micro, "seed=0"]))
         picked = names[-1:] if preset == "turn_schedule" else names[:1]
         rows = sweep(preset=preset, overrides=[micro, "seed=0"], project_dir=str(project), targets=["validate"],
                      only=picked)
