@@ -114,3 +114,36 @@ def test_pool_plays_textworld(tw_games):
         assert won == [True, True] and pool.failures == 0
     with pytest.raises(ValueError, match="unknown environment"):
         EnvPool("nope", {})
+
+
+PROBE_MAIN = '''
+import os, sys
+with open(os.environ["PROBE_LOG"], "a") as log:
+    log.write(f"{os.getpid()}\\n")  # one line per interpreter that runs this module
+sys.path.insert(0, os.environ["TESTS_DIR"])
+from agentrecipe.envs import registry
+from agentrecipe.envs.base import GameSpec
+from agentrecipe.envs.pool import EnvPool
+
+if __name__ == "__main__":
+    registry.FAMILIES["fake"] = "fake_envs"
+    with EnvPool("fake", {}, n_workers=2, timeout=10) as pool:
+        obs = pool.reset([GameSpec(path=f"fake/{i}", level="fake", env="fake", seed=i) for i in range(2)])
+    assert [o.text for o in obs] == ["start 0", "start 1"], obs
+    assert __spec__.name == "probe_main" and __file__.endswith("probe_main.py")  # put back after the start
+'''
+
+
+def test_workers_do_not_rerun_the_main_module(tmp_path):
+    """A stage's main module imports torch and transformers; spawned workers must not import it again."""
+    import os
+    import subprocess
+
+    (tmp_path / "probe_main.py").write_text(PROBE_MAIN)
+    log = tmp_path / "imports.log"
+    env = {**os.environ, "PROBE_LOG": str(log), "TESTS_DIR": str(Path(__file__).parent),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run([sys.executable, "-m", "probe_main"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(log.read_text().split()) == 1  # the parent only

@@ -21,6 +21,7 @@ from agentrecipe.config import EnvConfig
 from agentrecipe.envs import registry
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.envs.manifest import MANIFEST_NAME, SPLITS, write_manifest
+from agentrecipe.envs.pool import main_module_hidden
 
 Job = tuple[str, str, str, list[int], str, dict]  # family module, level, split, seeds, folder, options
 
@@ -81,7 +82,8 @@ def _batches(workers: int, jobs: list[Job]):
         yield from map(build_batch, jobs)
         return
     with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(build_batch, job): job for job in jobs}
+        with main_module_hidden():  # the workers start at the first submit
+            futures = {pool.submit(build_batch, job): job for job in jobs}
         try:
             for future in as_completed(futures):
                 try:

@@ -24,18 +24,40 @@ import importlib
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from agentrecipe.envs import registry
 from agentrecipe.envs.base import GameSpec, Observation
 
 OUTPUT_TAIL = 600
 """Characters of a dead worker's output quoted in the error."""
+
+
+@contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Processes spawned inside this block do not re-run the parent's main module.
+
+    multiprocessing's spawn imports the parent's `__main__` again in every child (by module name or
+    path), so a worker of `python -m stages.evaluate` imported torch and transformers first: about
+    10 s of CPU per worker, paid by every stage that opens a pool. Worker targets live in importable
+    modules and need nothing from `__main__`, so the block hides its name and path from the spawn
+    preparation while the children start; each child is still a fresh interpreter (no torch threads,
+    no CUDA state) with the parent's current environment variables."""
+    main = sys.modules["__main__"]
+    saved = {key: main.__dict__[key] for key in ("__spec__", "__file__") if key in main.__dict__}
+    main.__spec__ = None
+    main.__dict__.pop("__file__", None)
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
 
 
 @dataclass
@@ -153,7 +175,8 @@ class EnvPool:
         log = self._logs / f"worker{w}.log"
         log.write_bytes(b"")
         proc = self._ctx.Process(target=_worker, args=(child, self.module, self.options, busy, str(log)), daemon=True)
-        proc.start()
+        with main_module_hidden():
+            proc.start()
         child.close()
         return _Worker(proc, parent, busy, log, self.start_timeout)
 
