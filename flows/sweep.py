@@ -205,7 +205,9 @@ def write_seed_plot(summaries: list[dict[str, Any]], swept: list[str], title: st
     import matplotlib.pyplot as plt
 
     keys = [k for k in swept if k != seeds.SEED_KEY]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(summaries)), 3.8))
+    labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
+    per_setting = max(1.3, 0.075 * max(len(line) for label in labels for line in label.split("\n")))  # 7 pt text
+    fig, ax = plt.subplots(figsize=(max(6, per_setting * len(summaries)), 3.8))
     for i, (column, label) in enumerate((("rl in-domain", "in-domain"), ("rl ood", "out-of-domain"))):
         xs = [x + 0.4 * i for x in range(len(summaries))]
         mean = [s[f"{column} mean"] for s in summaries]
@@ -215,7 +217,6 @@ def write_seed_plot(summaries: list[dict[str, Any]], swept: list[str], title: st
         for x, s in zip(xs, summaries):
             values = [float(v) for v in s[f"{column} per seed"].split()]
             ax.plot([x] * len(values), values, "k.", markersize=5)
-    labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
     ax.set_xticks([x + 0.2 for x in range(len(summaries))], labels, fontsize=7)
     ax.set_ylabel("RL success (greedy)")
     ax.set_ylim(0, 1)
