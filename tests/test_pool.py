@@ -116,6 +116,17 @@ def test_pool_plays_textworld(tw_games):
         EnvPool("nope", {})
 
 
+
+def test_a_pool_dropped_unclosed_removes_its_log_folder(fake_family):
+    import gc
+
+    pool = EnvPool(fake_family, {}, n_workers=1, timeout=10)
+    logs = pool._logs
+    assert logs.is_dir()
+    del pool
+    gc.collect()
+    assert not logs.exists()  # before, every unclosed pool left an envpool-* folder in /tmp
+
 PROBE_MAIN = '''
 import os, sys
 with open(os.environ["PROBE_LOG"], "a") as log:

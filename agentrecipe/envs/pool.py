@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -162,6 +163,8 @@ class EnvPool:
         self._lost: dict[int, str] = {}  # slots whose episode could not be replayed after a restart
         self._ctx = mp.get_context("spawn")
         self._logs = Path(tempfile.mkdtemp(prefix="envpool-")) if n_workers else None
+        # The worker logs' folder goes with the pool, also when it is dropped or the process exits unclosed.
+        self._remove_logs = weakref.finalize(self, shutil.rmtree, self._logs, True) if n_workers else None
         self._workers: list[_Worker] = []
         if n_workers == 0:
             self._family, self._envs = importlib.import_module(self.module), {}
@@ -370,9 +373,8 @@ class EnvPool:
                 worker.proc.join()
             worker.conn.close()
         self._workers = []
-        if self._logs is not None:
-            shutil.rmtree(self._logs, ignore_errors=True)
-            self._logs = None
+        if self._remove_logs is not None:
+            self._remove_logs()
         for env in getattr(self, "_envs", {}).values():  # n_workers == 0: envs live in this process
             env.close()
         self._envs = {}
