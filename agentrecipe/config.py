@@ -522,6 +522,11 @@ def check_across(cfg: dict[str, Any], present: set[str]) -> None:
     _check(not {"budget", "rl", "rollout"} <= present or budget.rl_episodes < rl.episodes_per_step
            or rollout.temperature > 0, "rollout.temperature",
            "must be > 0 for RL (sampling is how the policy explores; evaluation sets its own, eval.temperature)")
+    model, agent = cfg["model"], cfg["agent"]
+    _check(not {"model", "agent"} <= present or model.name != "tiny" or agent.max_context <= model.max_position,
+           "agent.max_context", f"{agent.max_context} exceeds the tiny model's model.max_position "
+           f"{model.max_position} (positions it has no embedding for): lower agent.max_context or raise "
+           "model.max_position")
     extra = sorted({lvl for phase in rl.curriculum for lvl in phase} - set(env.levels))
     _check(not {"env", "rl"} <= present or not extra, "rl.curriculum",
            f"level(s) {', '.join(extra)} have no train games: only env.levels get train games "

@@ -143,7 +143,7 @@ def main() -> None:
         guarded = failure_guard(log_and_keep, rl.max_failed_share, rl.episodes_per_step)
         valid_games = read_manifest(args.envs, split="valid", levels=env.levels)
         actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
-                                           lambda m, t: make_backend(run.rollout.backend, m, t), guarded,
+                                           lambda m, t: make_backend(run.rollout.backend, m, t, run.agent.max_context), guarded,
                                            valid_games=valid_games)
         if best := best_to_export(rl.keep_best, run.checkpoint_dir):
             if rank0:

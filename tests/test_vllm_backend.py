@@ -50,7 +50,7 @@ def setup():
 
     model = tiny_model()
     tokenizer = SimpleNamespace(eos_token_id=EOS, pad_token_id=PAD)
-    backend = make_backend("vllm", model, tokenizer)
+    backend = make_backend("vllm", model, tokenizer, max_context=768)
     yield model, HFBackend(model, PAD, EOS), backend
     backend.close()
 
@@ -82,6 +82,10 @@ def recomputed(model, prompt: list[int], ids: list[int], allowed: list[list[int]
             mask[0, len(prompt) + t, allow] = True
     lp, _ = token_logprobs(model, seq, torch.ones_like(seq), temperature, mask)
     return lp[0, len(prompt):].tolist()
+
+
+def test_engine_length_is_the_agents_context(setup):
+    assert setup[2].llm.llm_engine.model_config.max_model_len == 768  # agent.max_context, not the model's 1024
 
 
 def test_greedy_matches_hf(setup):

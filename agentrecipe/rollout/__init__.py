@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def make_backend(name: str, model, tokenizer):
-    """The generation backend named by `rollout.backend` for this policy model."""
+def make_backend(name: str, model, tokenizer, max_context: int | None = None):
+    """The generation backend named by `rollout.backend` for this policy model; `max_context`
+    (agent.max_context, the longest prompt plus reply a rollout sends) sizes vLLM's max_model_len."""
     if name == "hf":
         from agentrecipe.rollout.hf_backend import HFBackend
 
@@ -12,5 +13,5 @@ def make_backend(name: str, model, tokenizer):
     if name == "vllm":
         from agentrecipe.rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend.from_model(model, tokenizer)
+        return VLLMBackend.from_model(model, tokenizer, max_context)
     raise ValueError(f"unknown rollout.backend {name!r}; known: hf, vllm")

@@ -64,7 +64,8 @@ def engine_kwargs(**overrides) -> dict:
 
     AGENTRECIPE_VLLM_GPU_MEMORY (fraction of GPU memory for weights + KV cache,
     default 0.3: the trainer shares the GPU), AGENTRECIPE_VLLM_EAGER (1 = no
-    CUDA graphs / torch.compile, default 1 on CPU), AGENTRECIPE_VLLM_MAX_MODEL_LEN.
+    CUDA graphs / torch.compile, default 1 on CPU). max_model_len follows agent.max_context
+    (`from_model`).
     """
     on_cpu = not torch.cuda.is_available()
     kw: dict = {
@@ -78,8 +79,6 @@ def engine_kwargs(**overrides) -> dict:
     }
     if not on_cpu:
         kw["gpu_memory_utilization"] = float(os.environ.get("AGENTRECIPE_VLLM_GPU_MEMORY", "0.3"))
-    if os.environ.get("AGENTRECIPE_VLLM_MAX_MODEL_LEN"):
-        kw["max_model_len"] = int(os.environ["AGENTRECIPE_VLLM_MAX_MODEL_LEN"])
     if dist.world_size() > 1:
         kw["distributed_executor_backend"] = "external_launcher"  # one engine per rank, in the rank's process
         kw["seed"] = dist.rank()
@@ -126,9 +125,18 @@ class VLLMBackend:
         self.stats = {"engine_calls": 0, "prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
 
     @classmethod
-    def from_model(cls, model, tokenizer, **engine_overrides) -> VLLMBackend:
-        """An engine for the policy in memory: its config only on disk (dummy weights), then a weight push."""
+    def from_model(cls, model, tokenizer, max_context: int | None = None, **engine_overrides) -> VLLMBackend:
+        """An engine for the policy in memory: its config only on disk (dummy weights), then a weight push.
+
+        `max_context` (agent.max_context) becomes the engine's max_model_len, checked against the
+        model's positions here, before the engine starts: a longer prompt is refused by vLLM mid-run."""
         module = getattr(model, "module", model)
+        if max_context is not None:
+            positions = getattr(module.config, "max_position_embeddings", None)
+            if positions is not None and max_context > positions:
+                raise ValueError(f"agent.max_context {max_context} exceeds the model's max_position_embeddings "
+                                 f"{positions}: vLLM refuses longer prompts; lower agent.max_context")
+            engine_overrides.setdefault("max_model_len", max_context)
         config_dir = Path(tempfile.mkdtemp(prefix="agentrecipe-vllm-"))
         module.config.save_pretrained(config_dir)
         _drop_quantization_config(config_dir / "config.json")
