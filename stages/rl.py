@@ -142,8 +142,11 @@ def main() -> None:
 
         guarded = failure_guard(log_and_keep, rl.max_failed_share, rl.episodes_per_step)
         valid_games = read_manifest(args.envs, split="valid", levels=env.levels)
-        actor, tokenizer, first = rl_train(args.model, train_games, run, pool,
-                                           lambda m, t: make_backend(run.rollout.backend, m, t, run.agent.max_context), guarded,
+
+        def backend(policy, tok):
+            return make_backend(run.rollout.backend, policy, tok, run.agent.max_context)
+
+        actor, tokenizer, first = rl_train(args.model, train_games, run, pool, backend, guarded,
                                            valid_games=valid_games)
         if best := best_to_export(rl.keep_best, run.checkpoint_dir):
             if rank0:

@@ -116,7 +116,6 @@ def test_pool_plays_textworld(tw_games):
         EnvPool("nope", {})
 
 
-
 def test_a_pool_dropped_unclosed_removes_its_log_folder(fake_family):
     import gc
 
@@ -126,6 +125,7 @@ def test_a_pool_dropped_unclosed_removes_its_log_folder(fake_family):
     del pool
     gc.collect()
     assert not logs.exists()  # before, every unclosed pool left an envpool-* folder in /tmp
+
 
 PROBE_MAIN = '''
 import os, sys

