@@ -160,8 +160,13 @@ def copy_live(src: Path, dst: Path, upto: int | None = None) -> None:
 
 
 def env_pool(env):
-    """The pool the stages play through, for an EnvConfig: its servers (env.remote, see
-    agentrecipe/envs/remote_pool.py) when it lists any, else local worker processes."""
+    """The pool the rl and evaluate stages play policies through, for an EnvConfig: its servers
+    (env.remote, see agentrecipe/envs/remote_pool.py) when it lists any, else local worker
+    processes, which get the family's POLICY_OPTIONS under env's own options (work that only an
+    expert's next action needs is skipped; the expert baseline then follows the game's stored plan,
+    which the build replayed to a win)."""
     from agentrecipe.envs.pool import open_pool
+    from agentrecipe.envs.registry import get_family
 
-    return open_pool(env.name, env.family_options, env.workers, env.step_timeout, env.remote)
+    options = {**getattr(get_family(env.name), "POLICY_OPTIONS", {}), **env.family_options}
+    return open_pool(env.name, options, env.workers, env.step_timeout, env.remote)

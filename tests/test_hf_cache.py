@@ -15,7 +15,7 @@ from agentrecipe.models.registry import build_tiny
 from agentrecipe.models.tokenizer import train_tokenizer
 from agentrecipe.rollout.backend import SamplingParams
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
-from agentrecipe.rollout.hf_backend import HFBackend, TrieBatch, common_prefix, sample_batch
+from agentrecipe.rollout.hf_backend import HFBackend, TrieBatch, common_prefix, prefill_groups, sample_batch
 from agentrecipe.train.validation import validation_stats
 
 torch.set_num_threads(1)
@@ -178,6 +178,35 @@ def test_cached_prefix_rollouts_match_uncached(history, decoding, temperature, t
         assert cached.stats["prefilled_tokens"] == expected
     else:
         assert cached.stats["prefilled_tokens"] < plain.stats["prefilled_tokens"]  # at least the shared head
+
+
+def test_prefill_groups_cut_sorted_lengths_where_padding_costs_more_than_a_call():
+    # lengths 10, 12, 100, 98 (rows 0..3). One group: 4 x 100 = 400 positions + 50 = 450. Two groups
+    # {0, 1} and {2, 3}: 2 x 12 + 2 x 100 + 2 x 50 = 324, the least; a third group saves 2 or 2 and costs 50.
+    assert prefill_groups([10, 12, 100, 98], call_overhead=50) == [[0, 1], [2, 3]]
+    assert prefill_groups([10, 12, 100, 98], call_overhead=1000) == [[0, 1, 2, 3]]  # calls dearer than padding
+    assert prefill_groups([5, 3, 4], call_overhead=0) == [[1], [2], [0]]  # free calls: no padding at all
+    assert prefill_groups([7], call_overhead=0) == [[0]]
+
+
+@pytest.mark.parametrize("history", [-1, 2])
+def test_prefill_in_groups_matches_one_padded_prefill(history, tok, model, pool):
+    """Rows prefilled in separate forwards and reassembled into one batch cache sample the same
+    tokens with the same log-probs as one padded prefill (and keep the same caches for the next turn)."""
+    enc = PromptEncoder(tok, True, history)
+    settings = RolloutSettings(max_turns=4, decoding="admissible", max_context=2048, max_action_tokens=8,
+                               temperature=1.0, seed=7)
+    split = HFBackend(model, tok.pad_token_id, tok.eos_token_id, call_overhead=0)  # a group per distinct length
+    whole = HFBackend(model, tok.pad_token_id, tok.eos_token_id, call_overhead=10**9)  # always one group
+    got = run_episodes(GAMES, split, enc, pool, settings)
+    want = run_episodes(GAMES, whole, enc, pool, settings)
+    for g, w in zip(got, want):
+        assert g.action_ids == w.action_ids and g.allowed == w.allowed
+        for a, b in zip(g.logprobs, w.logprobs):
+            assert a == pytest.approx(b, abs=1e-5)
+    assert split.stats["prefilled_tokens"] == whole.stats["prefilled_tokens"]
+    assert split.stats["prefill_positions"] == split.stats["prefilled_tokens"]  # no padding forwarded
+    assert whole.stats["prefill_positions"] > whole.stats["prefilled_tokens"]
 
 
 def test_ping_pong_rollouts_are_deterministic_and_on_policy(tok, model, pool):

@@ -115,6 +115,34 @@ def test_keep_best_keeps_the_best_validated_model(policy_dir, cue_pool, tmp_path
     assert greedy_success(model, tok, cue_pool, agent) == want[1]
 
 
+class RecomputingBackend(HFBackend):
+    """The HF backend, declared inexact (as vLLM is): RL recomputes pi_old's log-probs."""
+
+    exact_logprobs = False
+
+
+def test_old_logprobs_are_the_rollouts_when_the_policy_sampled_them(policy_dir, cue_pool, tmp_path):
+    """The HF backend samples with the policy's own fp32 weights: its log-probs serve as pi_old and no
+    pass recomputes them (about one policy pass per step instead of two); the update is the same one a
+    recomputing run makes, to float rounding, and the mismatch stays logged (first minibatch)."""
+    agent = AgentConfig(history=2, max_context=512)
+    rl = RLConfig(algo="grpo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=8, checkpoint_every=1000, seed=0)
+    logs = {}
+    for name, backend in (("rollout", HFBackend), ("recompute", RecomputingBackend)):
+        run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3),
+                    deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=2,
+                    checkpoint_dir=tmp_path / name, fingerprint=name)
+        logs[name] = []
+        rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t, b=backend: b(m, t.pad_token_id, t.eos_token_id),
+                 log=lambda step, stats, n=name: logs[n].append(stats), progress=False)
+    for fast, slow in zip(logs["rollout"], logs["recompute"]):
+        assert fast["rollout/success"] == slow["rollout/success"]  # the same episodes
+        assert fast["losses/policy"] == pytest.approx(slow["losses/policy"], abs=1e-5)
+        assert fast["rollout/logprob_mismatch"] < 1e-5 and slow["rollout/logprob_mismatch"] < 1e-5
+        # several minibatches a step: recomputing forwards all but the first one twice
+        assert fast["perf/policy_forwarded_per_action_token"] < 0.75 * slow["perf/policy_forwarded_per_action_token"]
+
+
 def test_is_better_prefers_success_then_score_and_keeps_the_earlier_on_a_tie():
     from agentrecipe.train.checkpoint import is_better
 

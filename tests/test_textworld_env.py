@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from agentrecipe.envs.textworld_env import (
+    POLICY_OPTIONS,
     UNKNOWN_VERB,
     build_games,
     check_level,
@@ -88,6 +89,26 @@ def test_following_expert_action_wins(tw_games):
         if done:
             break
     assert obs.won and obs.expert_action is None
+
+
+@pytest.mark.parametrize("kind", ["custom", "simple", "cooking"])
+def test_policy_pools_see_the_same_game_without_the_experts_plan(tw_games, kind):
+    """What the rl and evaluate stages' pools run (POLICY_OPTIONS): the same observations, scores and
+    ends as with the expert on, only no per-step expert plan; the stored plan still wins (the expert
+    baseline follows it there)."""
+    game = tw_games[kind]
+    fast, full = make_env(POLICY_OPTIONS), make_env({})
+    a, b = fast.reset(game), full.reset(game)
+    for action in ("look", "inventory", *game.expert_plan):
+        assert dataclasses.replace(a, expert_action=None, expert_plan=()) == dataclasses.replace(b, expert_action=None,
+                                                                                               expert_plan=())
+        assert a.expert_action is None and a.expert_plan == () and b.expert_plan
+        a, reward_a, done_a, _ = fast.step(action)
+        b, reward_b, done_b, _ = full.step(action)
+        assert (reward_a, done_a) == (reward_b, done_b)
+    assert a.won and b.won
+    fast.close()
+    full.close()
 
 
 def test_invalid_and_meta_commands(tw_games, tmp_path, monkeypatch):

@@ -47,6 +47,10 @@ def row_temperatures(params: SamplingParams, n: int) -> list[float]:
 
 
 class GenerationBackend(Protocol):
+    exact_logprobs: bool
+    """True when the returned log-probs are the trained policy's own (same weights and precision):
+    RL then uses them as pi_old instead of recomputing them (HF at fp32; not vLLM)."""
+
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
         keys: list | None = None,

@@ -19,7 +19,10 @@ One call's layout (row i reuses c_i cached tokens and prefills its s_i remaining
 
     [pad (C - c_i) | cached c_i] [pad (S - s_i) | rest s_i] [decoded ...]    C = max c_i, S = max s_i
 
-Pads are masked. A row that samples eos leaves the batch at once (its valid columns are copied
+Pads are masked. Rows whose s_i differ widely are prefilled in separate forwards (`prefill_groups`:
+each group padded to its own longest row; with a history window a turn's prompt is mostly new
+tokens, and one padded block ran 1.6x the prefilled tokens in evaluation), and their caches are
+then reassembled into one left-padded batch cache for decoding. A row that samples eos leaves the batch at once (its valid columns are copied
 out and kept, then the batch cache keeps the live rows with `batch_select_indices`), so decoding
 runs on live rows only. Kept memory: one compact copy per live episode.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
@@ -126,6 +130,39 @@ class RowCache:
     kv: list[tuple[torch.Tensor, torch.Tensor]]
 
 
+PREFILL_CALL_OVERHEAD = 256
+"""A prefill forward's fixed cost in padded positions (tiny model on 2 CPU cores: a few ms, about
+what 256 more positions cost); it decides when splitting a batch's prefill pays."""
+
+
+def prefill_groups(lengths: list[int], call_overhead: int = PREFILL_CALL_OVERHEAD) -> list[list[int]]:
+    """Rows (indices into `lengths`) split into groups prefilled by separate forwards.
+
+    A group's forward runs len(group) x max length positions (shorter rows are padded). Sorted by
+    length, the rows are cut into the runs that minimise positions + call_overhead per group
+    (dynamic programming over the cut points); each group lists its rows in their batch order.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    n = len(order)
+    best, cut = [0] + [None] * n, [0] * (n + 1)  # best[j]: cost of the j shortest rows
+    for j in range(1, n + 1):
+        longest = lengths[order[j - 1]]
+        best[j], cut[j] = min((best[i] + (j - i) * longest + call_overhead, i) for i in range(j))
+    groups, j = [], n
+    while j > 0:
+        groups.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return groups[::-1]
+
+
+def _compact(cache: DynamicCache, attn: torch.Tensor, col_ids: torch.Tensor, b: int) -> RowCache:
+    """Batch row b's cache: a copy of its valid columns (a view would pin the whole batch cache)."""
+    cols = attn[b].nonzero().squeeze(1)
+    on_dev = cols.to(cache.layers[0].keys.device)
+    kv = [(layer.keys[b].index_select(1, on_dev), layer.values[b].index_select(1, on_dev)) for layer in cache.layers]
+    return RowCache(col_ids[b, cols], kv)
+
+
 def _plain_layers(model) -> bool:
     """True when every layer's cache is a plain DynamicLayer (rows can be cut and reassembled)."""
     return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
@@ -141,15 +178,24 @@ def common_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
 class HFBackend:
     """Batched generation with the policy itself (see the module docstring)."""
 
-    def __init__(self, model, pad_id: int, eos_id: int):
+    def __init__(self, model, pad_id: int, eos_id: int, call_overhead: int = PREFILL_CALL_OVERHEAD):
         self.model = getattr(model, "module", model)
         self.pad_id = pad_id
         self.eos_id = eos_id
         self._rows: dict = {}
         self.reuses_cache = _plain_layers(self.model)
         """False for models whose cache layers are not plain DynamicLayers (then keys are ignored)."""
-        self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0}
-        """Prompt tokens asked for, and those actually prefilled (the rest came from kept caches)."""
+        self.call_overhead = call_overhead
+        """What one more prefill forward costs, in padded positions (see `prefill_groups`)."""
+        self.stats = {"prompt_tokens": 0, "prefilled_tokens": 0, "prefill_positions": 0}
+        """Prompt tokens asked for, those actually prefilled (the rest came from kept caches), and the
+        positions the prefill forwards ran (prefilled tokens plus padding)."""
+
+    @property
+    def exact_logprobs(self) -> bool:
+        """The policy itself samples: at fp32 its log-probs are what the trainer computes (to float
+        rounding), so RL takes them as pi_old; at bf16 / fp16 the kernels differ more, and RL recomputes."""
+        return next(self.model.parameters()).dtype == torch.float32
 
     @property
     def device(self) -> torch.device:
@@ -176,16 +222,6 @@ class HFBackend:
             out.append((0, None) if row is None else (min(common_prefix(row.tokens, p), len(p) - 1), row))
         return out
 
-    def _store(self, keys, rows: torch.Tensor, cache: DynamicCache, attn: torch.Tensor, col_ids: torch.Tensor,
-               which: torch.Tensor) -> None:
-        """Keep the caches of batch rows `which` (their valid columns) under their keys."""
-        for b in which.tolist():  # a copy of the valid columns: a view would pin the whole batch cache
-            cols = attn[b].nonzero().squeeze(1)
-            on_dev = cols.to(cache.layers[0].keys.device)
-            kv = [(layer.keys[b].index_select(1, on_dev), layer.values[b].index_select(1, on_dev))
-                  for layer in cache.layers]
-            self._rows[keys[int(rows[b])]] = RowCache(col_ids[b, cols], kv)
-
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
@@ -206,21 +242,7 @@ class HFBackend:
 
         prompt_ids = [torch.tensor(p, dtype=torch.long) for p in prompts]
         reuse = self._reuse(prompt_ids, keys)
-        C = max(c for c, _ in reuse)
-        S = max(len(p) - c for p, (c, _) in zip(prompts, reuse))
-        ids = torch.full((B, S), self.pad_id, dtype=torch.long)  # prefill block
-        pos = torch.zeros((B, S), dtype=torch.long)
-        attn = torch.zeros((B, C + S), dtype=torch.long)
-        col_ids = torch.full((B, C + S), self.pad_id, dtype=torch.long)  # the token of every cache column
-        for i, (p, (c, row)) in enumerate(zip(prompt_ids, reuse)):
-            s = len(p) - c
-            ids[i, S - s:] = p[c:]
-            pos[i, S - s:] = torch.arange(c, len(p))
-            attn[i, C - c:C] = 1
-            attn[i, C + S - s:] = 1
-            col_ids[i, C - c:C] = p[:c]
-        col_ids[:, C:] = ids
-        cache = self._assemble(reuse, C, dev) if C > 0 else DynamicCache(config=self.model.config)
+        logits, cache, attn, col_ids = self._prefill(prompt_ids, reuse, dev)
         self.stats["prompt_tokens"] += sum(map(len, prompts))
         self.stats["prefilled_tokens"] += sum(len(p) - c for p, (c, _) in zip(prompts, reuse))
 
@@ -233,12 +255,14 @@ class HFBackend:
         out_node = torch.full((B, params.max_new_tokens), -1, dtype=torch.long)
         length = torch.zeros(B, dtype=torch.long)
         finished = torch.zeros(B, dtype=torch.bool)
-        step_ids, step_pos = ids, pos
+        step_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)  # (b, 1) next position
         for k in range(params.max_new_tokens):
-            res = self.model(input_ids=step_ids.to(dev), attention_mask=attn.to(dev), position_ids=step_pos.to(dev),
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            cache = res.past_key_values
-            logits = res.logits[:, -1, :].float().cpu()  # (b, V)
+            if k > 0:  # the prefill gave step 0's logits
+                res = self.model(input_ids=tok[:, None].to(dev), attention_mask=attn.to(dev),
+                                 position_ids=step_pos.to(dev), past_key_values=cache, use_cache=True, logits_to_keep=1)
+                cache = res.past_key_values
+                logits = res.logits[:, -1, :].float().cpu()  # (b, V)
+                step_pos = step_pos + 1
             allowed, stuck = trie.allowed(state, logits.shape[-1])
             allowed[stuck] = True  # a row with no way on ends here unfinished; its sample is dropped
             tok, lp = sample_batch(logits, allowed, temp, params.top_p, gen)
@@ -254,7 +278,8 @@ class HFBackend:
                 break
             if done.any():  # rows that end leave the batch
                 if keys is not None:
-                    self._store(keys, rows, cache, attn, col_ids, done.nonzero().squeeze(1))
+                    for b in done.nonzero().squeeze(1).tolist():
+                        self._rows[keys[int(rows[b])]] = _compact(cache, attn, col_ids, b)
                 keep = (~done).nonzero().squeeze(1)
                 rows = rows[keep]
                 if len(keep) == 0:
@@ -263,29 +288,76 @@ class HFBackend:
                 attn, col_ids, step_pos = attn[keep], col_ids[keep], step_pos[keep]
                 tok, state, temp = tok[keep], state[keep], temp[keep]
             state = trie.advance(state, tok)
-            step_ids, step_pos = tok[:, None], step_pos[:, -1:] + 1
             attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             col_ids = torch.cat([col_ids, tok[:, None]], dim=1)
         if keys is not None and params.max_new_tokens > 0 and len(rows):
-            self._store(keys, rows, cache, attn, col_ids, torch.arange(len(rows)))
+            for b in range(len(rows)):
+                self._rows[keys[int(rows[b])]] = _compact(cache, attn, col_ids, b)
         if was_training:
             self.model.train()
         return self._outputs(tries, out_ids, out_lp, out_node, length, finished)
 
+    def _prefill(self, prompt_ids: list[torch.Tensor], reuse: list[tuple[int, RowCache | None]], dev):
+        """Forward every prompt's uncached tokens: (step-0 logits (B, V), batch cache, attention mask, column ids).
+
+        Rows are prefilled in groups of similar length (`prefill_groups`), each padded to its own
+        longest row; with several groups, the rows' caches are then reassembled, left-padded, into
+        one batch cache for decoding."""
+        s = [len(p) - c for p, (c, _) in zip(prompt_ids, reuse)]
+        groups = prefill_groups(s, self.call_overhead)
+        self.stats["prefill_positions"] += sum(len(g) * max(s[i] for i in g) for g in groups)
+        if len(groups) == 1:
+            return self._prefill_block(prompt_ids, reuse, dev)
+        logits, kept = None, [None] * len(prompt_ids)
+        for g in groups:
+            lg, cache, attn, col_ids = self._prefill_block([prompt_ids[i] for i in g], [reuse[i] for i in g], dev)
+            if logits is None:
+                logits = lg.new_empty((len(prompt_ids), lg.shape[-1]))
+            logits[g] = lg
+            for b, i in enumerate(g):
+                kept[i] = _compact(cache, attn, col_ids, b)
+        P = max(len(p) for p in prompt_ids)
+        attn = torch.zeros((len(prompt_ids), P), dtype=torch.long)
+        col_ids = torch.full((len(prompt_ids), P), self.pad_id, dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            attn[i, P - len(p):] = 1
+            col_ids[i, P - len(p):] = p
+        return logits, self._assemble([(len(p), row) for p, row in zip(prompt_ids, kept)], P, dev), attn, col_ids
+
+    def _prefill_block(self, prompt_ids: list[torch.Tensor], reuse: list[tuple[int, RowCache | None]], dev):
+        """One prefill forward over these rows in the layout of the module docstring."""
+        B = len(prompt_ids)
+        C = max(c for c, _ in reuse)
+        S = max(len(p) - c for p, (c, _) in zip(prompt_ids, reuse))
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long)  # prefill block
+        pos = torch.zeros((B, S), dtype=torch.long)
+        attn = torch.zeros((B, C + S), dtype=torch.long)
+        col_ids = torch.full((B, C + S), self.pad_id, dtype=torch.long)  # the token of every cache column
+        for i, (p, (c, row)) in enumerate(zip(prompt_ids, reuse)):
+            s = len(p) - c
+            ids[i, S - s:] = p[c:]
+            pos[i, S - s:] = torch.arange(c, len(p))
+            attn[i, C - c:C] = 1
+            attn[i, C + S - s:] = 1
+            col_ids[i, C - c:C] = p[:c]
+        col_ids[:, C:] = ids
+        cache = self._assemble(reuse, C, dev) if C > 0 else DynamicCache(config=self.model.config)
+        res = self.model(input_ids=ids.to(dev), attention_mask=attn.to(dev), position_ids=pos.to(dev),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return res.logits[:, -1, :].float().cpu(), res.past_key_values, attn, col_ids
+
     def _assemble(self, reuse: list[tuple[int, RowCache | None]], C: int, dev) -> DynamicCache:
-        """A batch cache of C columns: each row's first c_i cached tokens, right-aligned (left pads are zeros)."""
+        """A batch cache of C = max c_i columns: each row's first c_i cached tokens, right-aligned
+        (left pads are zeros: masked, but finite)."""
         ref = next(row for c, row in reuse if c > 0).kv
         layers = []
-        for l, (k0, v0) in enumerate(ref):
-            K = k0.new_empty((len(reuse), k0.shape[0], C, k0.shape[2]))
-            V = v0.new_empty((len(reuse), v0.shape[0], C, v0.shape[2]))
-            for i, (c, row) in enumerate(reuse):
-                K[i, :, :C - c] = 0  # masked, but finite
-                V[i, :, :C - c] = 0
-                if c > 0:
-                    K[i, :, C - c:] = row.kv[l][0][:, :c]
-                    V[i, :, C - c:] = row.kv[l][1][:, :c]
-            layers.append((K.to(dev), V.to(dev)))
+        for l, (k0, _) in enumerate(ref):
+            none = k0.new_zeros((0, k0.shape[0], k0.shape[2]))  # a row with nothing cached
+            kv = []
+            for j in (0, 1):  # keys, values: (heads, n, d) per row -> (B, heads, C, d)
+                seqs = [row.kv[l][j][:, :c].transpose(0, 1) if c > 0 else none for c, row in reuse]
+                kv.append(pad_sequence(seqs, batch_first=True, padding_side="left").transpose(1, 2).contiguous().to(dev))
+            layers.append(tuple(kv))
         return DynamicCache(ddp_cache_data=layers)
 
     def _outputs(self, tries, out_ids, out_lp, out_node, length, finished) -> list[Generation]:

@@ -113,6 +113,9 @@ def state_dict_for_push(model) -> dict[str, torch.Tensor]:
 class VLLMBackend:
     """Batched generation on a vLLM engine, with HFBackend's semantics (see the module docstring)."""
 
+    exact_logprobs = False
+    """vLLM's kernels are not the trainer's: RL recomputes pi_old's log-probs."""
+
     def __init__(self, model_dir: str | Path, eos_id: int, dtype: torch.dtype = torch.float32, **engine_overrides):
         _set_engine_env()
         from vllm import LLM

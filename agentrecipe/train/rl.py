@@ -4,8 +4,9 @@ One step, top to bottom (CleanRL style):
   1. schedules: turn limit (ScalingInter-RL) and curriculum levels for this step
   2. rollouts: `games_per_step` games x `group_size` episodes, in lock-step
   3. batch: training sequences, per-turn rewards (sparse / dense / penalties), the minibatch plan
-  4. old log-probs (and reference log-probs, critic values, bootstrap values of truncated
-     episodes) without gradient; the first minibatch's old log-probs come from its update pass
+  4. old log-probs: the rollout's own when the policy sampled them at fp32 (HF backend, ZeRO 0-2),
+     else recomputed without gradient (the first minibatch's from its update pass); reference
+     log-probs, critic values, bootstrap values of truncated episodes
   5. advantages on each episode's action-token layout (PPO / GRPO / RLOO / REINFORCE++)
   6. `update_epochs` passes over minibatches: clipped surrogate + KL + entropy
      (+ clipped value loss on the critic for PPO)
@@ -78,6 +79,12 @@ def num_steps(rl_episodes: int, rl: RLConfig, world_size: int = 1) -> int:
 
     Every rank plays its own games_per_step x group_size episodes per step."""
     return rl_episodes // (rl.episodes_per_step * world_size)
+
+
+def backend_logprobs_exact(backend) -> bool:
+    """True when `backend` samples with the trained policy's own weights at fp32 (`exact_logprobs`):
+    its log-probs are pi_old as sampled, to float rounding, and RL uses them instead of a recomputing pass."""
+    return bool(getattr(backend, "exact_logprobs", False))
 
 
 def _distributed() -> bool:
@@ -326,22 +333,29 @@ def rl_train(
         stats: dict[str, float] = {}
         forwarded = {"policy": 0, "ref": 0, "critic": 0}
         t2 = time.time()
-        # 4. old / reference log-probs, values. The first minibatch's old log-probs come from its own
-        # update pass (the weights have not changed yet, so pi_old = pi_theta there exactly and its
+        # 4. old / reference log-probs, values. When the backend sampled with the policy's own fp32
+        # weights (HF), the rollout's log-probs are pi_old as sampled and no pass recomputes them.
+        # Otherwise they are recomputed: vLLM, bf16, and ZeRO-3 (without this pass 2 of 5 runs of the
+        # 2-rank ZeRO-3 test aborted at exit; cause not found). The first minibatch's then come from its
+        # own update pass (the weights have not changed yet, so pi_old = pi_theta there exactly and its
         # ratio is 1); only the KL-in-reward path needs them all before the advantages.
         idx = list(range(S))
-        reuse = set(plan[0][0]) if plan[0] and not (ref is not None and rl.kl_in_reward) else set()
+        from_rollout = backend_logprobs_exact(backend) and run.deepspeed.zero_stage < 3
+        first = plan[0][0] if plan[0] else []
+        reuse = set(first) if not from_rollout and not (ref is not None and rl.kl_in_reward) else set()
+        rest = [] if from_rollout else [i for i in idx if i not in reuse]
         old_lp = ref_lp = old_values = kl = None
+        checked = (None, [])  # (trainer log-probs at the rollout's weights, row j for sequence j of the list)
         policy = lambda m: lambda sel: policy_pass(m, batch, sel, temperature)  # noqa: E731
-        chunks = _no_grad_chunks(policy(unwrap(actor)), [i for i in idx if i not in reuse], mb, actor.device,
-                                 lambda: _dummy_policy_loss(unwrap(actor)))
+        chunks = _no_grad_chunks(policy(unwrap(actor)), rest, mb, actor.device, lambda: _dummy_policy_loss(unwrap(actor)))
         if batch is not None:
             mask = batch.action_mask
-            old_lp = torch.zeros_like(mask)
-            rest = [i for i in idx if i not in reuse]
+            old_lp = batch.rollout_logprobs.clone() if from_rollout else torch.zeros_like(mask)
             for k, (lp, _, fwd) in enumerate(chunks):
                 old_lp[rest[k * mb : (k + 1) * mb]] = lp
                 forwarded["policy"] += fwd
+            if not from_rollout:
+                checked = (old_lp, idx)
         if ref is not None:
             ref_chunks = _no_grad_chunks(policy(ref), idx, mb, actor.device, lambda: _dummy_policy_loss(ref))
             if batch is not None:
@@ -397,6 +411,8 @@ def rl_train(
                 forwarded["policy"] += fwd
                 if epoch == 0 and k == 0 and reuse:
                     old_lp[sel] = new_lp.detach()
+                if epoch == 0 and k == 0 and from_rollout:
+                    checked = (new_lp.detach(), sel)
                 pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg, share)
                 entropy_loss = aggregate(entropy, m, rl.loss_agg, share)
                 kl_loss = torch.zeros(())
@@ -421,7 +437,10 @@ def rl_train(
         t5 = time.time()
         stats.update({k: sum(v) / len(v) for k, v in sums.items()})
         if batch is not None:
-            stats["rollout/logprob_mismatch"] = float(masked_mean((old_lp - batch.rollout_logprobs).abs(), mask))
+            if checked[1]:  # every sequence when recomputed, else the first minibatch (its update pass)
+                trainer_lp, seqs = checked  # row j of trainer_lp is sequence seqs[j]
+                stats["rollout/logprob_mismatch"] = float(masked_mean(
+                    (trainer_lp - batch.rollout_logprobs[seqs]).abs(), mask[seqs]))
             if old_values is not None and value_targets is not None:
                 stats["losses/explained_variance"] = float(explained_variance(old_values, value_targets, mask))
             actions = float(mask.sum())
