@@ -22,9 +22,10 @@ One call's layout (row i reuses c_i cached tokens and prefills its s_i remaining
 Pads are masked. Rows whose s_i differ widely are prefilled in separate forwards (`prefill_groups`:
 each group padded to its own longest row; with a history window a turn's prompt is mostly new
 tokens, and one padded block ran 1.6x the prefilled tokens in evaluation), and their caches are
-then reassembled into one left-padded batch cache for decoding. A row that samples eos leaves the batch at once (its valid columns are copied
-out and kept, then the batch cache keeps the live rows with `batch_select_indices`), so decoding
-runs on live rows only. Kept memory: one compact copy per live episode.
+then reassembled into one left-padded batch cache for decoding. A row that samples eos leaves the
+batch at once (its valid columns are copied out and kept, then the batch cache keeps the live rows
+with `batch_select_indices`), so decoding runs on live rows only. Kept memory: one compact copy per
+live episode.
 
 Sampling is batched: every step builds one (b, V) allowed mask from the rows' tries
 (`TrieBatch`, tensor indexing over the tries' node tables) and samples all rows with one
