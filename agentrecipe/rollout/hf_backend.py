@@ -223,6 +223,12 @@ class HFBackend:
             out.append((0, None) if row is None else (min(common_prefix(row.tokens, p), len(p) - 1), row))
         return out
 
+    def _store(self, keys, rows: torch.Tensor, cache: DynamicCache, attn: torch.Tensor, col_ids: torch.Tensor,
+               which) -> None:
+        """Keep the caches of batch rows `which` under their prompts' keys."""
+        for b in which:
+            self._rows[keys[int(rows[b])]] = _compact(cache, attn, col_ids, b)
+
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, tries: list[TokenTrie | None] | None = None,
@@ -279,8 +285,7 @@ class HFBackend:
                 break
             if done.any():  # rows that end leave the batch
                 if keys is not None:
-                    for b in done.nonzero().squeeze(1).tolist():
-                        self._rows[keys[int(rows[b])]] = _compact(cache, attn, col_ids, b)
+                    self._store(keys, rows, cache, attn, col_ids, done.nonzero().squeeze(1).tolist())
                 keep = (~done).nonzero().squeeze(1)
                 rows = rows[keep]
                 if len(keep) == 0:
@@ -292,8 +297,7 @@ class HFBackend:
             attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             col_ids = torch.cat([col_ids, tok[:, None]], dim=1)
         if keys is not None and params.max_new_tokens > 0 and len(rows):
-            for b in range(len(rows)):
-                self._rows[keys[int(rows[b])]] = _compact(cache, attn, col_ids, b)
+            self._store(keys, rows, cache, attn, col_ids, range(len(rows)))
         if was_training:
             self.model.train()
         return self._outputs(tries, out_ids, out_lp, out_node, length, finished)

@@ -293,6 +293,7 @@ def rl_train(
     timed_pool = _TimedPool(pool)
     temperature = run.rollout.temperature if run.rollout.temperature > 0 else 1.0
     constrained = run.agent.decoding == "admissible"
+    from_rollout = backend_logprobs_exact(backend) and run.deepspeed.zero_stage < 3  # pi_old: see phase 4
 
     turn_every = phase_steps(rl.turn_schedule_every, len(rl.turn_schedule), run.n_steps)
     curriculum_every = phase_steps(rl.curriculum_every, len(rl.curriculum), run.n_steps)
@@ -340,7 +341,6 @@ def rl_train(
         # own update pass (the weights have not changed yet, so pi_old = pi_theta there exactly and its
         # ratio is 1); only the KL-in-reward path needs them all before the advantages.
         idx = list(range(S))
-        from_rollout = backend_logprobs_exact(backend) and run.deepspeed.zero_stage < 3
         first = plan[0][0] if plan[0] else []
         reuse = set(first) if not from_rollout and not (ref is not None and rl.kl_in_reward) else set()
         rest = [] if from_rollout else [i for i in idx if i not in reuse]
