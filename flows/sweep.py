@@ -84,12 +84,41 @@ def point_names(points: list[list[str]]) -> list[str]:
     return names
 
 
+def live_queue_workers(project: str) -> list[int]:
+    """PIDs of this project's DVC queue workers still running (their pid files, as dvc_task writes them)."""
+    live = []
+    for pidfile in sorted(Path(project, ".dvc/tmp/exps/celery").glob("dvc-exp-worker-*.pid")):
+        try:
+            pid = int(pidfile.read_text())
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):  # unreadable, or the worker is gone
+            continue
+        except PermissionError:  # alive, another user's
+            pass
+        live.append(pid)
+    return live
+
+
+def wait_for_queue_workers_to_leave(project: str, timeout_s: float = 90.0) -> None:
+    """A DVC queue worker stays up to 10 s after its queue empties, then shuts down (dvc_task's
+    TemporaryWorker); a point queued at that moment can be taken by the leaving worker and lost:
+    it shows as failed, with no log (treeverse/dvc#9143, #10673). So a sweep started right after
+    another waits until this project has no worker (at most `timeout_s`, then goes on, logged)."""
+    deadline = time.monotonic() + timeout_s
+    while (live := live_queue_workers(project)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if live:
+        get_run_logger().warning("DVC queue worker(s) %s still up after %.0f s; queuing anyway", live, timeout_s)
+
+
 @task(name="queue-points", cache_policy=NO_CACHE)
 def queue_points(project: str, points: dict[str, list[str]], targets: list[str] | None = None) -> None:
     """`dvc exp run --queue --name <name> [targets] -S ...` per point (targets: the stages to run with
-    their upstream, default all); an experiment of the same name on this commit is replaced. A point
-    DVC refuses (bad override) unqueues the others and fails the run."""
+    their upstream, default all), once the workers of an earlier queue run have left; an experiment of
+    the same name on this commit is replaced. A point DVC refuses (bad override) unqueues the others
+    and fails the run."""
     logger, env = get_run_logger(), dvc_env(project)
+    wait_for_queue_workers_to_leave(project)
     existing = set(run(dvc("exp", "list", "--name-only"), project, env).stdout.split())
     if old := sorted(existing & set(points)):
         logger.info("replacing earlier experiments: %s", ", ".join(old))
@@ -126,6 +155,9 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                 for line in lines:  # the queue's output, live in the run log
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
                         logger.info(text)
+            # Every point has run (a worker runs each as one task): let the idle workers go now rather than
+            # after their 10 s wait for more work, during which a point queued next could be lost.
+            run(dvc("queue", "stop"), project, env)
         except BaseException:
             proc.kill()
             run(dvc("queue", "stop"), project, env)  # first: no worker takes another point
@@ -141,6 +173,9 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
             raise
 
 
+NO_LOG = "no log: failed before any stage ran (DVC's worker log: .dvc/tmp/exps/celery/dvc-exp-worker-1.out)"
+
+
 @task(name="collect-results", cache_policy=NO_CACHE)
 def collect_results(project: str, points: dict[str, list[str]], out: str, title: str) -> list[dict[str, Any]]:
     """Each point's state and metrics from `dvc exp show --json`: results.csv (every metric),
@@ -151,7 +186,7 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     for name, overrides in points.items():
         rec = by_name.get(name, {"state": "missing", "metrics": {}, "log": None})
         given = dict(o.partition("=")[::2] for o in overrides)
-        error = compare.error_tail(rec["log"]) if rec["state"] != "success" else ""
+        error = (compare.error_tail(rec["log"]) or NO_LOG) if rec["state"] == "failed" else ""
         rows.append({"experiment": name, "state": rec["state"], **{k: given.get(k, "") for k in swept},
                      "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
                      "rl ood": compare.success(rec["metrics"], "rl", "ood"),
@@ -296,8 +331,9 @@ def sweep(
     write_run_record(Path(project) / out, record, keep_earlier=bool(only))
     if not ran.is_completed():
         raise RuntimeError(f"the queue did not finish ({ran.message}); see {out}/results.csv")
-    if failed := [r["experiment"] for r in rows if r["state"] != "success" and r["experiment"] in named]:
-        raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({', '.join(failed)}); see {out}/results.csv")
+    if failed := [r for r in rows if r["state"] != "success" and r["experiment"] in named]:
+        why = "; ".join(f"{r['experiment']}: {r['state']}" + (f", {r['error']}" if r["error"] else "") for r in failed)
+        raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({why}); see {out}/results.csv")
     return rows
 
 

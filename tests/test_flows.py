@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -326,7 +327,8 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
 
     project = make_project(tmp_path / "p", SWEEP_YAML, {"score.py": SWEEP_SCORE_PY})
     state = sweep(overrides=["train.lr=0.2,0.3,-1"], project_dir=str(project), return_state=True)
-    assert state.is_failed() and "1 of 3 points failed (lr-m1)" in state.message
+    assert state.is_failed() and "1 of 3 points failed (lr-m1: failed, " in state.message
+    assert "score: lr must be >= 0, got -1" in state.message  # the failed point's own error, for CI logs
 
     with (project / "data/sweeps/sweep/results.csv").open() as f:
         table = {r["experiment"]: r for r in csv.DictReader(f)}
@@ -450,3 +452,19 @@ def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
     assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
     sleepers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(900)" in " ".join(p.info["cmdline"] or [])]
     assert psutil.wait_procs(sleepers, timeout=30)[1] == []
+
+
+def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):
+    import subprocess
+    import sys
+
+    from flows.sweep import live_queue_workers
+
+    folder = tmp_path / ".dvc/tmp/exps/celery"
+    folder.mkdir(parents=True)
+    assert live_queue_workers(str(tmp_path)) == []
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (folder / "dvc-exp-worker-1.pid").write_text(gone.stdout.strip())
+    (folder / "dvc-exp-worker-2.pid").write_text(str(os.getpid()))
+    (folder / "dvc-exp-worker-3.pid").write_text("")  # half-written
+    assert live_queue_workers(str(tmp_path)) == [os.getpid()]
