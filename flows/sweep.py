@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -156,8 +157,11 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
                         logger.info(text)
             # Every point has run (a worker runs each as one task): let the idle workers go now rather than
-            # after their 10 s wait for more work, during which a point queued next could be lost.
-            run(dvc("queue", "stop"), project, env)
+            # after their 10 s wait for more work, during which a point queued next could be lost. SIGTERM
+            # (celery's warm shutdown), not `dvc queue stop`: that is a broadcast which, sent when no worker
+            # is up, stays in the broker and stops the next sweep's worker after its first point.
+            for pid in live_queue_workers(project):
+                os.kill(pid, signal.SIGTERM)
         except BaseException:
             proc.kill()
             run(dvc("queue", "stop"), project, env)  # first: no worker takes another point
