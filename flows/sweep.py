@@ -22,6 +22,7 @@ adds to each of them; `--point NAME` (repeatable) runs only the named points
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -100,6 +101,15 @@ def live_queue_workers(project: str) -> list[int]:
     return live
 
 
+def stop_queue_workers(project: str) -> None:
+    """SIGTERM (celery's warm shutdown: a running point finishes first) to this project's live queue
+    workers. Not `dvc queue stop`: that is a broadcast which, sent when no worker is up, stays in the
+    broker and stops the next sweep's worker after its first point."""
+    for pid in live_queue_workers(project):
+        with contextlib.suppress(ProcessLookupError):  # it left by itself meanwhile
+            os.kill(pid, signal.SIGTERM)
+
+
 def wait_for_queue_workers_to_leave(project: str, timeout_s: float = 90.0) -> None:
     """A DVC queue worker stays up to 10 s after its queue empties, then shuts down (dvc_task's
     TemporaryWorker); a point queued at that moment can be taken by the leaving worker and lost:
@@ -157,14 +167,11 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
                         logger.info(text)
             # Every point has run (a worker runs each as one task): let the idle workers go now rather than
-            # after their 10 s wait for more work, during which a point queued next could be lost. SIGTERM
-            # (celery's warm shutdown), not `dvc queue stop`: that is a broadcast which, sent when no worker
-            # is up, stays in the broker and stops the next sweep's worker after its first point.
-            for pid in live_queue_workers(project):
-                os.kill(pid, signal.SIGTERM)
+            # after their 10 s wait for more work, during which a point queued next could be lost.
+            stop_queue_workers(project)
         except BaseException:
             proc.kill()
-            run(dvc("queue", "stop"), project, env)  # first: no worker takes another point
+            stop_queue_workers(project)  # first: no worker takes another point
             # A point a worker was starting while we stopped it turns up as running a moment later:
             # kill (Ctrl-C to each running point's process group) and clear until nothing is left.
             for _ in range(5):

@@ -455,9 +455,6 @@ def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
 
 
 def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):
-    import subprocess
-    import sys
-
     from flows.sweep import live_queue_workers
 
     folder = tmp_path / ".dvc/tmp/exps/celery"
