@@ -210,6 +210,18 @@ def run_all(model, tok, args, pool: EnvPool, turns: int) -> list[dict]:
     return [full, window, *pp, *raw, bench_naive(model, tok, args, pool, turns)]
 
 
+def median_run(same_method: list[dict]) -> dict:
+    """Of one method's repeated runs, the run of median total time."""
+    return sorted(same_method, key=lambda r: r["total_s"])[len(same_method) // 2]
+
+
+def ratios_line(turns: int, tok_per_s: dict[str, float]) -> str:
+    """The engine's tok/s as a multiple of the decode ceiling (`generate 1x`) and of the naive loop."""
+    parts = [f"{m} {tok_per_s[m] / tok_per_s['generate 1x']:.2f}x ceiling, {tok_per_s[m] / tok_per_s['naive loop']:.2f}x naive"
+             for m in tok_per_s if m.startswith("engine")]
+    return f"{turns:>5} " + "; ".join(parts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=16, help="episodes played at once (B)")
@@ -221,9 +233,10 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=0.0, help="CPU ms each env step burns (TextWorld: 4-14)")
     p.add_argument("--no-xt", action="store_true", help="skip `generate xT` (the slowest row)")
     p.add_argument("--overlap", action="store_true", help="also the engine in ping-pong (RolloutSettings.overlap_env)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per turn count; each row is the median-time run")
     args = p.parse_args()
-    if args.batch < 1 or min(args.turns) < 1 or args.threads < 1:
-        p.error("--batch, --turns and --threads must be >= 1")
+    if args.batch < 1 or min(args.turns) < 1 or args.threads < 1 or args.repeats < 1:
+        p.error("--batch, --turns, --threads and --repeats must be >= 1")
     torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
@@ -241,11 +254,14 @@ def main() -> None:
         run_all(model, tok, args, pool, 2)  # warm-up, untimed (also starts the env workers)
         print(head + "\n" + "-" * len(head))
         for turns in args.turns:
-            for r in run_all(model, tok, args, pool, turns):
-                rows.append(r)
+            runs = [run_all(model, tok, args, pool, turns) for _ in range(args.repeats)]
+            medians = [median_run(list(same)) for same in zip(*runs)]
+            for r in medians:
                 print(f"{r['turns']:>5} {r['method']:<15} {r['gen_tok']:>8} {r['prompt_tok']:>10} "
                       f"{r['tokenised']:>9} {r['ctx']:>5} {r['gen_s']:>7.2f} {r['total_s']:>7.2f} "
                       f"{r['tok_per_s']:>8.1f} {r['cpu_s']:>7.2f} {r['tok_per_cpu_s']:>9.1f}", flush=True)
+            print(ratios_line(turns, {r["method"]: r["tok_per_s"] for r in medians}), flush=True)
+            rows += medians
     print(json.dumps(rows))
 
 

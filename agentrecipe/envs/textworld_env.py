@@ -198,7 +198,8 @@ class TextWorldEnv:
     """Plays TextWorld games (.z8) one at a time through `textworld.start`.
 
     Options: ``expert`` (default true) computes the expert's next actions after every
-    step (``policy_commands``, a few ms per step); false skips that for fast rollouts.
+    step (``policy_commands``, a few ms per step); false skips that, and TextWorld's quest
+    tracking with it, for fast rollouts.
     """
 
     def __init__(self, expert: bool = True) -> None:
@@ -213,9 +214,10 @@ class TextWorldEnv:
         import textworld
 
         self.close()
+        # No intermediate_reward: asking for it (or for policy_commands) makes TextWorld track the
+        # quests and re-plan after every step; score, won and lost come from the game itself.
         infos = textworld.EnvInfos(admissible_commands=True, policy_commands=self.expert,
-                                   intermediate_reward=True, won=True, lost=True, max_score=True,
-                                   objective=True, score=True, moves=True)
+                                   won=True, lost=True, max_score=True, objective=True, score=True, moves=True)
         with warnings.catch_warnings():  # jericho: "not fully supported" (textworld keeps the score itself)
             warnings.filterwarnings("ignore", message=".*not fully supported")
             self._env = textworld.start(path, request_infos=infos)  # reset() follows
@@ -253,13 +255,13 @@ class TextWorldEnv:
         if self._done or not command or verb in META_VERBS:
             # Nothing reaches the engine: same state, the game's own answer to an unknown verb.
             obs = self._obs if self._done else self._observation(self._state, text=UNKNOWN_VERB)
-            return obs, 0.0, self._done, {"invalid": True, "intermediate_reward": 0, "action": command}
+            return obs, 0.0, self._done, {"invalid": True, "action": command}
         state, _, _ = self._env.step(command)
         obs = self._observation(state)
         reward = obs.score - self._obs.score
         self._state, self._obs = state, obs
         self._done = obs.won or obs.lost
-        info = {"invalid": invalid, "intermediate_reward": int(state["intermediate_reward"] or 0), "action": command}
+        info = {"invalid": invalid, "action": command}
         return obs, reward, self._done, info
 
     def close(self) -> None:
@@ -270,7 +272,9 @@ class TextWorldEnv:
 
 POLICY_OPTIONS = {"expert": False}
 """Options for pools that only play policies (the rl and evaluate stages): TextWorld's per-step
-expert plan (policy_commands) took 3.7 of 5.9 ms a step (w2-o3-q4, random admissible actions)."""
+expert plan (policy_commands) took 3.7 of 5.9 ms a step (w2-o3-q4, random admissible actions),
+and without it TextWorld tracks no quests (the default evaluation: 117.4 -> 106.9 s, the same
+episodes)."""
 
 
 def make_env(options: dict) -> TextWorldEnv:
