@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -166,16 +167,18 @@ def _check_envs(args: argparse.Namespace) -> int:
 
 def _finding_page(args: argparse.Namespace) -> int:
     from agentrecipe.presets import load_preset
-    from agentrecipe.report.finding import write_page
+    from agentrecipe.report.finding import merge_sweeps, write_page
 
     preset = load_preset(Path(args.project), args.preset)
     if "paper" not in preset:
         print(f"error: params/sweep/{args.preset}.yaml has no `paper` (what the papers report)", file=sys.stderr)
         return 2
-    folder = Path(args.sweep or Path(args.project) / "data" / "sweeps" / args.preset)
+    folders = [Path(f) for f in args.sweep or [Path(args.project) / "data" / "sweeps" / args.preset]]
     out = Path(args.out or Path(args.project) / "docs" / "results" / f"{args.preset}.md")
     verdict = Path(args.verdict[1:]).read_text().strip() if args.verdict.startswith("@") else args.verdict
-    print(f"wrote {write_page(folder, out, preset['description'], preset['paper'], verdict)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = folders[0] if len(folders) == 1 else merge_sweeps(folders, Path(tmp) / args.preset, args.preset)
+        print(f"wrote {write_page(folder, out, preset['description'], preset['paper'], verdict)}")
     return 0
 
 
@@ -248,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("preset", help="the sweep preset (params/sweep/<preset>.yaml: its description and `paper`)")
     p.add_argument("--verdict", required=True,
                    help="the sentence on whether the paper's shape holds here (or @FILE holding it), written after reading the numbers")
-    p.add_argument("--sweep", help="the sweep's folder (default: data/sweeps/<preset>)")
+    p.add_argument("--sweep", action="append",
+                   help="the sweep's folder (default: data/sweeps/<preset>); repeat it for a sweep run in parts "
+                        "(e.g. seed 0 in one clone, seeds 1-2 in another): their rows are joined")
     p.add_argument("--out", help="the page (default: docs/results/<preset>.md; its files go to docs/results/<preset>/)")
     p.add_argument("--project", default=".", help="the DVC project")
     p.set_defaults(func=_finding_page)

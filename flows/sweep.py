@@ -227,50 +227,15 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
 def write_seed_summary(rows: list[dict[str, Any]], swept: list[str], title: str, folder: Path) -> None:
     """Points that differ only in `seed` summed up: summary.csv (mean, t interval, per-seed values and
     the pooled Wilson interval of each cell), summary.png, a table artifact and the table in the log."""
-    summaries = seeds.summarise(rows, swept)
-    with (folder / "summary.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(summaries[0]))
-        writer.writeheader()
-        writer.writerows(summaries)
-    write_seed_plot(summaries, swept, title, folder / "summary.png")
+    from agentrecipe.report.finding import write_summary
+
+    summaries = write_summary(rows, swept, title, folder)
     table = seeds.summary_table(summaries, swept, ["rl in-domain", "rl ood"])
     create_table_artifact(seeds.summary_table(summaries, swept, list(seeds.CELLS)),
                           key="sweep-" + re.sub(r"[^a-z0-9-]+", "-", title.lower()).strip("-") + "-seeds",
                           description=f"Sweep {title} across seeds: mean [95% t interval] and per-seed values "
                                       f"({folder.name}/summary.csv also has the pooled Wilson intervals)")
     get_run_logger().info("sweep %s across seeds, mean [95%% t interval]:\n%s", title, compare.format_table(table))
-
-
-def write_seed_plot(summaries: list[dict[str, Any]], swept: list[str], title: str, path: Path) -> None:
-    """RL success per setting, in-domain and OOD: the mean across seeds with its t interval, a dot per seed."""
-    import math
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in swept if k != seeds.SEED_KEY]
-    labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
-    per_setting = max(1.3, 0.075 * max(len(line) for label in labels for line in label.split("\n")))  # 7 pt text
-    fig, ax = plt.subplots(figsize=(max(6, per_setting * len(summaries)), 3.8))
-    for i, (column, label) in enumerate((("rl in-domain", "in-domain"), ("rl ood", "out-of-domain"))):
-        xs = [x + 0.4 * i for x in range(len(summaries))]
-        mean = [s[f"{column} mean"] for s in summaries]
-        err = [[0 if math.isnan(s[f"{column} low"]) else s[f"{column} mean"] - s[f"{column} low"] for s in summaries],
-               [0 if math.isnan(s[f"{column} high"]) else s[f"{column} high"] - s[f"{column} mean"] for s in summaries]]
-        ax.bar(xs, mean, 0.4, label=label, yerr=err, capsize=3, alpha=0.8)
-        for x, s in zip(xs, summaries):
-            values = [float(v) for v in s[f"{column} per seed"].split()]
-            ax.plot([x] * len(values), values, "k.", markersize=5)
-    ax.set_xticks([x + 0.2 for x in range(len(summaries))], labels, fontsize=7)
-    ax.set_ylabel("RL success (greedy)")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"sweep {title}: mean of seeds, 95% t interval, dots = seeds", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def write_plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:

@@ -80,3 +80,49 @@ def test_cli_needs_a_finished_sweep_and_reads_the_preset(tmp_path, capsys):
     (root / "params" / "sweep" / "y.yaml").write_text("description: Y\nsweeps: [[a=1,2]]\n")
     assert main(["finding-page", "y", "--verdict", "v", "--project", str(root)]) == 2
     assert "has no `paper`" in capsys.readouterr().err
+
+
+def test_a_sweep_run_in_parts_is_joined_into_one_page(sweep_folder, tmp_path, capsys):
+    """Seed 0 in one clone at one revision, seed 1 in another later: `--sweep A --sweep B` joins
+    their rows (a success over a point that did not run there), recomputes the seed summary and
+    names each run's revision; a point that succeeded in both is refused."""
+    from agentrecipe.report.finding import merge_sweeps
+
+    rows = read_csv(sweep_folder / "results.csv")  # [A]-0, [A]-1, [B]-0 succeeded, [B]-1 failed
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, ok in ((first, {"[A]-0", "[B]-0"}), (second, {"[A]-1", "[B]-1"})):
+        folder.mkdir()
+        part = [dict(r) if r["experiment"] in ok else {"experiment": r["experiment"], "state": "missing",
+                                                        "env.levels": r["env.levels"], "seed": r["seed"]}
+                for r in rows]
+        for r in part:
+            if r["experiment"] == "[B]-1" and folder == second:
+                r.update(state="success", **{"rl.A.success": "0.2", "rl.B.success": "0.5", "rl.in_domain.success": "0.5",
+                                             "rl.in_domain.n": "20", "rl.ood.success": "0.2", "rl.ood.n": "20"})
+        _write_csv(folder / "results.csv", part)
+        _write_csv(folder / "summary.csv", seeds.summarise([{**r, "state": "x"} for r in part], ["env.levels", "seed"]))
+        revision, started = ("abc1234", "2026-12-01 10:00:00 UTC") if folder == first else ("def5678", "2026-12-02 10:00:00 UTC")
+        (folder / "run.json").write_text(json.dumps({
+            "command": f"python -m flows.sweep --preset x --point {folder.name}", "revision": revision, "started": started,
+            "wall_s": 1800, "points": 4, "succeeded": 2, "machine": "2 cores"}))
+
+    joined = merge_sweeps([first, second], tmp_path / "joined", "x")
+    merged = {r["experiment"]: r["state"] for r in read_csv(joined / "results.csv")}
+    assert merged == {"[A]-0": "success", "[A]-1": "success", "[B]-0": "success", "[B]-1": "success"}
+    assert (joined / "summary.png").exists()
+    run = json.loads((joined / "run.json").read_text())
+    assert (run["revision"], run["points"], run["succeeded"], len(run["earlier"])) == ("def5678", 4, 4, 1)
+
+    root = tmp_path / "project"
+    (root / "params" / "sweep").mkdir(parents=True)
+    (root / "params" / "sweep" / "x.yaml").write_text("description: X\npaper: claim.\nsweeps: [[a=1,2]]\n")
+    out = tmp_path / "x.md"
+    assert main(["finding-page", "x", "--verdict", "v", "--project", str(root), "--sweep", str(first),
+                 "--sweep", str(second), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "revisions `abc1234` (run 1), `def5678` (run 2), started 2026-12-01 10:00:00 UTC, wall time 60 min over 2 runs" in page
+    assert "| [A] | 0 1 | 55.0 [0.0, 100.0] | 50 60 | 55.0 [39.8, 69.3] n=40 |" in page  # as if run in one go
+    # [B]: seed 0 from the first run (in domain 0.4), seed 1 from the second (0.5), 18 of 40 pooled
+    assert "| [B] | 0 1 | 45.0 [0.0, 100.0] | 40 50 | 45.0 [30.7, 60.2] n=40 |" in page
+    with pytest.raises(ValueError, match=r"\[A\]-0 succeeded in both"):
+        merge_sweeps([first, first], tmp_path / "again", "x")

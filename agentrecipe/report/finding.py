@@ -2,7 +2,9 @@
 
 The sweep flow leaves results.csv (one row per experiment), summary.csv and summary.png (the
 seeds summed up, `agentrecipe.report.seeds`) and run.json (command, revision, wall time,
-machine). `write_page` copies the CSVs and the plot next to the page and writes the page: the
+machine). A sweep run in parts, in different clones or sessions (seed 0 one day, seeds 1-2
+later), is first joined into one folder by `merge_sweeps`. `write_page` copies the CSVs and the
+plot next to the page and writes the page: the
 paper's claim, the command, the tables (mean across seeds with a 95% t interval, per-seed values,
 all seeds pooled with a Wilson interval; the RL policy's success on every level, a transfer
 matrix when the points train on different levels), the plot, and the verdict, which a person
@@ -21,6 +23,8 @@ from typing import Any
 from agentrecipe.report import seeds
 
 POOLED = ("in_domain", "ood")
+TEXT_COLUMNS = ("experiment", "state", "error", "rl in-domain", "rl ood", "sft in-domain", "sft ood")
+"""results.csv columns that stay text when its rows are read back (with the swept keys); the rest are metrics."""
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -33,6 +37,18 @@ def _num(value: str) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _typed(row: dict[str, str], text: set[str]) -> dict[str, Any]:
+    """A results.csv row read back: metric columns as numbers (int where whole), empty ones dropped."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if k in text:
+            out[k] = v
+        elif v != "":
+            x = _num(v)
+            out[k] = v if math.isnan(x) and v.lower() != "nan" else int(x) if x.is_integer() and "." not in v else x
+    return out
 
 
 def _setting_keys(summary: list[dict[str, str]]) -> list[str]:
@@ -91,6 +107,71 @@ def level_matrix(results: list[dict[str, str]], keys: list[str], policy: str = "
     return [*(k.split(".")[-1] for k in keys), *levels], rows
 
 
+def write_summary(rows: list[dict[str, Any]], swept: list[str], title: str, folder: Path) -> list[dict[str, Any]]:
+    """summary.csv and summary.png in `folder`: the points that differ only in `seed` summed up
+    (`seeds.summarise`); returns the summaries."""
+    from agentrecipe.report.plots import plot_seed_summary
+
+    summaries = seeds.summarise(rows, swept)
+    with (folder / "summary.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summaries[0]))
+        writer.writeheader()
+        writer.writerows(summaries)
+    plot_seed_summary(summaries, swept, title, folder / "summary.png")
+    return summaries
+
+
+def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
+    """One sweep folder at `out` from the folders of several runs of one sweep (each as the sweep
+    flow left it). An experiment's row is the one where it succeeded (else the last folder's); an
+    experiment that succeeded in two folders is an error naming it (which run counts is for a person
+    to say). summary.csv and summary.png are recomputed from the joined rows; run.json lists every
+    run, each with its own command, revision and wall time (the last run on top, the others in
+    `earlier`, first to last)."""
+    folders = [Path(f) for f in folders]
+    for folder in folders:
+        for name in ("run.json", "results.csv", "summary.csv"):
+            if not (folder / name).exists():
+                raise FileNotFoundError(f"{folder / name}: not there; each --sweep must be a finished sweep's folder")
+    swept = [*_setting_keys(read_csv(folders[-1] / "summary.csv")), seeds.SEED_KEY]
+    text = set(TEXT_COLUMNS) | set(swept)
+    rows: dict[str, dict[str, Any]] = {}
+    origin: dict[str, Path] = {}
+    for folder in folders:
+        for row in map(lambda r: _typed(r, text), read_csv(folder / "results.csv")):
+            name = row["experiment"]
+            if row["state"] == "success" and rows.get(name, {}).get("state") == "success":
+                raise ValueError(f"experiment {name} succeeded in both {origin[name]} and {folder}; "
+                                 "keep one of them (remove its row from the other results.csv)")
+            if name not in rows or row["state"] == "success" or rows[name]["state"] != "success":
+                rows[name], origin[name] = row, folder
+    out.mkdir(parents=True, exist_ok=True)
+    joined = list(rows.values())
+    with (out / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in joined for k in r)))
+        writer.writeheader()
+        writer.writerows(joined)
+    write_summary(joined, swept, title, out)
+    runs = []
+    for folder in folders:
+        record = json.loads((folder / "run.json").read_text())
+        runs += [*record.pop("earlier", []), record]
+    last = {**runs[-1], "points": len(joined), "succeeded": sum(r["state"] == "success" for r in joined),
+            "earlier": runs[:-1]}
+    (out / "run.json").write_text(json.dumps(last, indent=2) + "\n")
+    return out
+
+
+def _revisions(runs: list[dict[str, Any]]) -> str:
+    """'revision `abc1234`', or for runs at different revisions each one with the runs made there."""
+    at: dict[str, list[int]] = {}
+    for i, r in enumerate(runs, 1):
+        at.setdefault(r["revision"], []).append(i)
+    if len(at) == 1:
+        return f"revision `{runs[-1]['revision']}`"
+    return "revisions " + ", ".join(f"`{rev}` (run {', '.join(map(str, ns))})" for rev, ns in at.items())
+
+
 def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str) -> str:
     """The page's markdown; `assets` is the folder (relative to the page) holding the copied files."""
     run = json.loads((folder / "run.json").read_text())
@@ -110,7 +191,7 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         f"**Answer at laptop scale:** {verdict}", "",
         "## How it was run", "",
         *[f"    {r['command']}" for r in runs], "",
-        f"- revision `{run['revision']}`, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
+        f"- {_revisions(runs)}, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
         f"{f' over {len(runs)} runs' if len(runs) > 1 else ''} "
         f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
         f"- machine: {run['machine']}",

@@ -4,7 +4,8 @@
   with a ``step`` column and one value column (named after the metric; ``value`` also read);
   RL curves in two figures: the main one (smoothed training success, validation success,
   return) and the diagnostics (losses, KL, entropy, clipping, value fit, throughput);
-- success by level: policies side by side per level, with 95% Wilson intervals.
+- success by level: policies side by side per level, with 95% Wilson intervals;
+- a sweep's settings across seeds (`plot_seed_summary`): mean, t interval, a dot per seed.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from agentrecipe.report.seeds import SEED_KEY  # noqa: E402
 
 
 def read_tsv(path: str | Path) -> tuple[list[float], list[float]]:
@@ -131,6 +135,32 @@ def plot_success_by_level(metrics: dict, out: str | Path, levels: list[str] | No
     ax.legend(fontsize=7, ncols=min(len(policies), 6), loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     return _save(fig, out)
+
+
+def plot_seed_summary(summaries: list[dict[str, Any]], swept: list[str], title: str, path: str | Path) -> Path:
+    """RL success per setting, in-domain and OOD: the mean across seeds with its t interval, a dot per seed."""
+    keys = [k for k in swept if k != SEED_KEY]
+    labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
+    per_setting = max(1.3, 0.075 * max(len(line) for label in labels for line in label.split("\n")))  # 7 pt text
+    fig, ax = plt.subplots(figsize=(max(6, per_setting * len(summaries)), 3.8))
+    for i, (column, label) in enumerate((("rl in-domain", "in-domain"), ("rl ood", "out-of-domain"))):
+        xs = [x + 0.4 * i for x in range(len(summaries))]
+        mean = [s[f"{column} mean"] for s in summaries]
+        err = [[0 if math.isnan(s[f"{column} low"]) else s[f"{column} mean"] - s[f"{column} low"] for s in summaries],
+               [0 if math.isnan(s[f"{column} high"]) else s[f"{column} high"] - s[f"{column} mean"] for s in summaries]]
+        ax.bar(xs, mean, 0.4, label=label, yerr=err, capsize=3, alpha=0.8)
+        for x, s in zip(xs, summaries):
+            values = [float(v) for v in s[f"{column} per seed"].split()]
+            ax.plot([x] * len(values), values, "k.", markersize=5)
+    ax.set_xticks([x + 0.2 for x in range(len(summaries))], labels, fontsize=7)
+    ax.set_ylabel("RL success (greedy)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"sweep {title}: mean of seeds, 95% t interval, dots = seeds", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
 
 
 def _save(fig, out: str | Path) -> Path:
