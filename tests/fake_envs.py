@@ -17,7 +17,10 @@ def check_level(name: str) -> None:
 def build_games(level: str, split: str, seeds: list[int], out_dir, options: dict) -> list[GameSpec]:
     if level == "crash":  # the build worker dies, as on a game that kills its interpreter
         os._exit(1)
-    return [GameSpec(path=f"{out_dir}/{seed}", level=level, env="fake", split=split, seed=seed, expert_plan=("win",))
+    # Level "unwinnable": no game's stored plan wins; level "mixed": those of even seeds do not.
+    losing = {s for s in seeds if level == "unwinnable" or (level == "mixed" and s % 2 == 0)}
+    return [GameSpec(path=f"{out_dir}/{seed}", level=level, env="fake", split=split, seed=seed,
+                     expert_plan=("look",) if seed in losing else ("win",))
             for seed in seeds]
 
 

@@ -117,7 +117,7 @@ def write_summary(rows: list[dict[str, Any]], swept: list[str], title: str, fold
         writer = csv.DictWriter(f, fieldnames=list(summaries[0]))
         writer.writeheader()
         writer.writerows(summaries)
-    plot_seed_summary(summaries, swept, title, folder / "summary.png")
+    plot_seed_summary(summaries, [k for k in swept if k != seeds.SEED_KEY], title, folder / "summary.png")
     return summaries
 
 

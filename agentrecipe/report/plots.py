@@ -20,8 +20,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from agentrecipe.report.seeds import SEED_KEY  # noqa: E402
-
 
 def read_tsv(path: str | Path) -> tuple[list[float], list[float]]:
     """(steps, values) of one DVCLive metric file; rows that do not parse are skipped."""
@@ -137,9 +135,9 @@ def plot_success_by_level(metrics: dict, out: str | Path, levels: list[str] | No
     return _save(fig, out)
 
 
-def plot_seed_summary(summaries: list[dict[str, Any]], swept: list[str], title: str, path: str | Path) -> Path:
-    """RL success per setting, in-domain and OOD: the mean across seeds with its t interval, a dot per seed."""
-    keys = [k for k in swept if k != SEED_KEY]
+def plot_seed_summary(summaries: list[dict[str, Any]], keys: list[str], title: str, path: str | Path) -> Path:
+    """RL success per setting (`keys`: the swept keys other than the seed), in-domain and OOD: the mean
+    across seeds with its t interval, a dot per seed."""
     labels = ["\n".join(f"{k.split('.')[-1]}={s[k]}" for k in keys) or "all" for s in summaries]
     per_setting = max(1.3, 0.075 * max(len(line) for label in labels for line in label.split("\n")))  # 7 pt text
     fig, ax = plt.subplots(figsize=(max(6, per_setting * len(summaries)), 3.8))
