@@ -59,6 +59,11 @@ def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
     assert "![RL success per setting](env_complexity/summary.png)" in page
     assert sorted(p.name for p in (tmp_path / "docs" / "env_complexity").iterdir()) == [
         "results.csv", "run.json", "summary.csv", "summary.png"]
+    # A new verdict for a published page: its own folder is the sweep (nothing to copy onto itself).
+    published = tmp_path / "docs" / "env_complexity"
+    page = write_page(published, tmp_path / "docs" / "env_complexity.md", "Complexity", "s.", "A new verdict.").read_text()
+    assert "**Answer at laptop scale:** A new verdict." in page and "revision `abc1234`" in page
+    assert (published / "results.csv").read_bytes() == (sweep_folder / "results.csv").read_bytes()
     # Finished later with --point: both commands, the wall time of both runs.
     first = json.loads((sweep_folder / "run.json").read_text())
     (sweep_folder / "run.json").write_text(json.dumps({
@@ -104,7 +109,7 @@ def test_a_sweep_run_in_parts_is_joined_into_one_page(sweep_folder, tmp_path, ca
         revision, started = ("abc1234", "2026-12-01 10:00:00 UTC") if folder == first else ("def5678", "2026-12-02 10:00:00 UTC")
         (folder / "run.json").write_text(json.dumps({
             "command": f"python -m flows.sweep --preset x --point {folder.name}", "revision": revision, "started": started,
-            "wall_s": 1800, "points": 4, "succeeded": 2, "machine": "2 cores"}))
+            "wall_s": 1800, "points": 4, "succeeded": 2, "machine": f"2 cores {folder.name}"}))
 
     joined = merge_sweeps([first, second], tmp_path / "joined", "x")
     merged = {r["experiment"]: r["state"] for r in read_csv(joined / "results.csv")}
@@ -120,7 +125,8 @@ def test_a_sweep_run_in_parts_is_joined_into_one_page(sweep_folder, tmp_path, ca
     assert main(["finding-page", "x", "--verdict", "v", "--project", str(root), "--sweep", str(first),
                  "--sweep", str(second), "--out", str(out)]) == 0
     page = out.read_text()
-    assert "revisions `abc1234` (run 1), `def5678` (run 2), started 2026-12-01 10:00:00 UTC, wall time 60 min over 2 runs" in page
+    assert "revisions `abc1234` (run 1); `def5678` (run 2), started 2026-12-01 10:00:00 UTC, wall time 60 min over 2 runs" in page
+    assert "- machine: 2 cores first (run 1); 2 cores second (run 2)" in page
     assert "| [A] | 0 1 | 55.0 [0.0, 100.0] | 50 60 | 55.0 [39.8, 69.3] n=40 |" in page  # as if run in one go
     # [B]: seed 0 from the first run (in domain 0.4), seed 1 from the second (0.5), 18 of 40 pooled
     assert "| [B] | 0 1 | 45.0 [0.0, 100.0] | 40 50 | 45.0 [30.7, 60.2] n=40 |" in page

@@ -162,14 +162,15 @@ def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
     return out
 
 
-def _revisions(runs: list[dict[str, Any]]) -> str:
-    """'revision `abc1234`', or for runs at different revisions each one with the runs made there."""
+def _by_run(runs: list[dict[str, Any]], key: str, fmt: str = "{}") -> str:
+    """The runs' value of `key` (formatted by `fmt`), or where the runs differ each value with the
+    runs that had it: "`abc` (run 1, 2); `def` (run 3)"."""
     at: dict[str, list[int]] = {}
     for i, r in enumerate(runs, 1):
-        at.setdefault(r["revision"], []).append(i)
+        at.setdefault(r[key], []).append(i)
     if len(at) == 1:
-        return f"revision `{runs[-1]['revision']}`"
-    return "revisions " + ", ".join(f"`{rev}` (run {', '.join(map(str, ns))})" for rev, ns in at.items())
+        return fmt.format(runs[-1][key])
+    return "; ".join(f"{fmt.format(v)} (run {', '.join(map(str, ns))})" for v, ns in at.items())
 
 
 def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str) -> str:
@@ -191,10 +192,10 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         f"**Answer at laptop scale:** {verdict}", "",
         "## How it was run", "",
         *[f"    {r['command']}" for r in runs], "",
-        f"- {_revisions(runs)}, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
+        f"- revision{'s' if len({r['revision'] for r in runs}) > 1 else ''} {_by_run(runs, 'revision', '`{}`')}, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
         f"{f' over {len(runs)} runs' if len(runs) > 1 else ''} "
         f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
-        f"- machine: {run['machine']}",
+        f"- machine: {_by_run(runs, 'machine')}",
         f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
         "(greedy, one per test game); every setting uses the same params except the swept keys",
         "", "## RL policy (greedy success, %)", "",
@@ -220,7 +221,9 @@ def write_page(folder: str | Path, out: str | Path, title: str, claim: str, verd
     assets = out.with_suffix("")
     assets.mkdir(parents=True, exist_ok=True)
     for name in ("run.json", "results.csv", "summary.csv", "summary.png"):
-        if (folder / name).exists():
-            shutil.copy2(folder / name, assets / name)
+        src, dst = folder / name, assets / name
+        if not src.exists() or (dst.exists() and dst.samefile(src)):
+            continue  # no plot, or the page's own folder given as the sweep (a page rewritten with a new verdict)
+        shutil.copy2(src, dst)
     out.write_text(render_page(folder, title, claim, verdict, assets.name))
     return out
