@@ -162,14 +162,19 @@ def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
     return out
 
 
-def _by_run(runs: list[dict[str, Any]], key: str, fmt: str = "{}") -> str:
-    """The runs' value of `key` (formatted by `fmt`), or where the runs differ each value with the
-    runs that had it: "`abc` (run 1, 2); `def` (run 3)"."""
+def _runs_by(runs: list[dict[str, Any]], key: str) -> dict[str, list[int]]:
+    """Each value of `key` among the runs, with the (1-based) runs that had it, in first-seen order."""
     at: dict[str, list[int]] = {}
     for i, r in enumerate(runs, 1):
         at.setdefault(r[key], []).append(i)
+    return at
+
+
+def _by_run(at: dict[str, list[int]], fmt: str = "{}") -> str:
+    """The one value of `_runs_by` (formatted by `fmt`), or each value with the runs that had it:
+    "`abc` (run 1, 2); `def` (run 3)"."""
     if len(at) == 1:
-        return fmt.format(runs[-1][key])
+        return fmt.format(next(iter(at)))
     return "; ".join(f"{fmt.format(v)} (run {', '.join(map(str, ns))})" for v, ns in at.items())
 
 
@@ -186,16 +191,17 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
     m_header, m_rows = level_matrix(results, [k for k in keys if k != seeds.SEED_KEY])
     failed = [r["experiment"] for r in results if r.get("state") != "success"]
     runs = [*run.get("earlier", []), run]  # a sweep finished with --point: every run of it, first to last
+    revisions = _runs_by(runs, "revision")
     return "\n".join([
         f"# {title}", "",
         f"**The papers:** {claim}", "",
         f"**Answer at laptop scale:** {verdict}", "",
         "## How it was run", "",
         *[f"    {r['command']}" for r in runs], "",
-        f"- revision{'s' if len({r['revision'] for r in runs}) > 1 else ''} {_by_run(runs, 'revision', '`{}`')}, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
+        f"- revision{'s' if len(revisions) > 1 else ''} {_by_run(revisions, '`{}`')}, started {runs[0]['started']}, wall time {sum(r['wall_s'] for r in runs) / 60:.0f} min"
         f"{f' over {len(runs)} runs' if len(runs) > 1 else ''} "
         f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
-        f"- machine: {_by_run(runs, 'machine')}",
+        f"- machine: {_by_run(_runs_by(runs, 'machine'))}",
         f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
         "(greedy, one per test game); every setting uses the same params except the swept keys",
         "", "## RL policy (greedy success, %)", "",
