@@ -378,6 +378,9 @@ class RLConfig:
     """Cap on the extra games (each group_size rollouts) one step may play for dynamic sampling."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
     max_grad_norm: float
+    skip_zero_gradient_steps: bool
+    """No policy optimizer step on a minibatch whose loss has no gradient (every advantage 0, no KL or
+    entropy term): Adam's momentum would move the weights anyway. false: the step is taken (before 2026-12-03)."""
     turn_schedule: list[int]
     """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
     turn_schedule_every: int

@@ -115,6 +115,56 @@ def test_keep_best_keeps_the_best_validated_model(policy_dir, cue_pool, tmp_path
     assert greedy_success(model, tok, cue_pool, agent) == want[1]
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_minibatch_without_gradient_takes_no_optimizer_step(skip, policy_dir, cue_pool, tmp_path):
+    """Steps 4-6 play one turn of two-turn games (turn schedule [3, 1]): every rollout gets sparse
+    reward 0, every advantage is 0 and the policy loss has no gradient. Its optimizer steps are
+    skipped and the weights stay where step 3 left them; taken (the option off), Adam's momentum
+    from steps 1-3 still moves them."""
+    agent = AgentConfig(history=2, max_context=512)
+    rl = RLConfig(algo="grpo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=8, checkpoint_every=1000,
+                  turn_schedule=[3, 1], turn_schedule_every=3, seed=0, skip_zero_gradient_steps=skip)
+    run = RLRun(rl=rl, reward=RewardConfig(mode="sparse"), agent=agent, rollout=RolloutConfig(max_turns=3),
+                deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=6,
+                checkpoint_dir=tmp_path / "ckpt", fingerprint=f"skip-{skip}")
+    policy, log = [], []
+
+    def make_backend(model, tok):  # the HF backend samples with the actor's own module
+        policy.append((model, [p.detach().clone() for p in model.parameters()]))
+        return HFBackend(model, tok.pad_token_id, tok.eos_token_id)
+
+    def snapshot(step, stats):
+        log.append((stats, [p.detach().clone() for p in policy[0][0].parameters()]))
+
+    rl_train(policy_dir, GAMES, run, cue_pool, make_backend, log=snapshot, progress=False)
+    moved = lambda a, b: any(not torch.equal(x, y) for x, y in zip(a, b))  # noqa: E731
+    stats, weights = [s for s, _ in log], [w for _, w in log]
+    assert [s["schedule/max_turns"] for s in stats] == [3, 3, 3, 1, 1, 1]
+    assert any(s["rollout/zero_variance_groups"] < 1 for s in stats[:3]) and moved(policy[0][1], weights[2])
+    assert all(s["rollout/success"] == 0 and s["rollout/zero_variance_groups"] == 1 for s in stats[3:])
+    if skip:
+        assert [s["losses/skipped_steps"] for s in stats[3:]] == [1.0, 1.0, 1.0]
+        assert not any(moved(weights[2], w) for w in weights[3:])
+    else:
+        assert [s["losses/skipped_steps"] for s in stats] == [0.0] * 6
+        assert moved(weights[2], weights[3]) and moved(weights[4], weights[5])
+
+
+def test_has_gradient_needs_a_nonzero_advantage_at_an_action_token_or_a_kl_or_entropy_term():
+    from agentrecipe.train.rl import has_gradient
+
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
+    zero, off_action = torch.zeros(1, 4), torch.tensor([[2.0, 0.0, 0.0, -1.0]])
+    grpo = RLConfig(algo="grpo")
+    assert not has_gradient(zero, mask, grpo, with_ref=False)
+    assert not has_gradient(off_action, mask, grpo, with_ref=False)  # advantages outside the action tokens
+    assert has_gradient(torch.tensor([[0.0, 0.0, -0.5, 0.0]]), mask, grpo, with_ref=False)
+    assert has_gradient(zero, mask, RLConfig(algo="grpo", entropy_coef=0.01), with_ref=False)
+    kl_loss = RLConfig(algo="grpo", kl_coef=0.05, kl_in_reward=False)
+    assert has_gradient(zero, mask, kl_loss, with_ref=True)
+    assert not has_gradient(zero, mask, RLConfig(algo="grpo", kl_coef=0.05, kl_in_reward=True), with_ref=True)
+
+
 class RecomputingBackend(HFBackend):
     """The HF backend, declared inexact (as vLLM is): RL recomputes pi_old's log-probs."""
 

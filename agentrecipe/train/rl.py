@@ -189,6 +189,18 @@ def _no_grad_chunks(fn, idx: list[int], mb: int, device, dummy) -> list:
     return out
 
 
+def has_gradient(advantages: torch.Tensor, mask: torch.Tensor, rl: RLConfig, with_ref: bool) -> bool:
+    """Whether a minibatch's policy loss has a gradient: an action token with a nonzero advantage,
+    or an entropy or KL-to-reference term in the loss. Without one the gradient is exactly zero, and
+    an optimizer step would still move the weights: Adam's momentum repeats the last steps (with
+    betas 0.9 / 0.95 the zero-gradient steps after one signal add up to about 12 times its own
+    move), so a lone winning group of sparse-reward GRPO kept pushing the policy for the ten steps
+    of all-lost groups that followed it."""
+    if rl.entropy_coef != 0 or (with_ref and rl.kl_coef != 0 and not rl.kl_in_reward):
+        return True
+    return bool(((advantages != 0) & (mask != 0)).any())
+
+
 def _minibatches(n: int, size: int, rng: random.Random, device) -> list[list[int]]:
     """Shuffled minibatches; the same count on every rank (ranks hold different numbers of sequences).
     A rank with fewer sequences than that count gets empty minibatches (run as zero-weight dummies)."""
@@ -396,18 +408,29 @@ def rl_train(
         t4 = time.time()
         # 6. updates
         sums: dict[str, list[float]] = {}
+        skipped = 0
         for epoch in range(rl.update_epochs):
             for k, sel in enumerate(plan[epoch]):
+                # the policy steps unless no rank's minibatch has a gradient (then no rank steps: the
+                # same collectives everywhere); the critic's value loss always has one
+                local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
+                update = not rl.skip_zero_gradient_steps or bool(_sync_max(int(local), actor.device))
+                skipped += not update
                 if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
-                    actor.backward(_dummy_policy_loss(actor))
-                    actor.step()
+                    if update:
+                        actor.backward(_dummy_policy_loss(actor))
+                        actor.step()
+                    else:
+                        with torch.no_grad():
+                            _dummy_policy_loss(actor)  # the forward its peers' forwards gather with
                     if critic is not None:
                         critic.backward(_dummy_value_loss(critic))
                         critic.step()
                     continue
                 m, share = mask[sel], batch.share[sel]
-                new_lp, entropy, fwd = policy_pass(actor, batch, sel, temperature, with_entropy=True,
-                                                   entropy_grad=rl.entropy_coef != 0)
+                with torch.set_grad_enabled(update):
+                    new_lp, entropy, fwd = policy_pass(actor, batch, sel, temperature, with_entropy=True,
+                                                       entropy_grad=rl.entropy_coef != 0)
                 forwarded["policy"] += fwd
                 if epoch == 0 and k == 0 and reuse:
                     old_lp[sel] = new_lp.detach()
@@ -419,8 +442,9 @@ def rl_train(
                 if ref_lp is not None and not rl.kl_in_reward:
                     kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg, share)
                 loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
-                actor.backward(loss)
-                actor.step()
+                if update:
+                    actor.backward(loss)
+                    actor.step()
                 mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
                             "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
                 if critic is not None:
@@ -436,6 +460,7 @@ def rl_train(
                     sums.setdefault(key, []).append(v)
         t5 = time.time()
         stats.update({k: sum(v) / len(v) for k, v in sums.items()})
+        stats["losses/skipped_steps"] = skipped / max(1, sum(len(p) for p in plan))
         if batch is not None:
             if checked[1]:  # every sequence when recomputed, else the first minibatch (its update pass)
                 trainer_lp, seqs = checked  # row j of trainer_lp is sequence seqs[j]
