@@ -380,7 +380,7 @@ class RLConfig:
     max_grad_norm: float
     skip_zero_gradient_steps: bool
     """No policy optimizer step on a minibatch whose loss has no gradient (every advantage 0, no KL or
-    entropy term): Adam's momentum would move the weights anyway. false: the step is taken (before 2026-12-03)."""
+    entropy term): Adam's momentum would move the weights anyway. false: the step is taken, as before 992e491."""
     turn_schedule: list[int]
     """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
     turn_schedule_every: int

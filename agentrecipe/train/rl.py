@@ -191,11 +191,8 @@ def _no_grad_chunks(fn, idx: list[int], mb: int, device, dummy) -> list:
 
 def has_gradient(advantages: torch.Tensor, mask: torch.Tensor, rl: RLConfig, with_ref: bool) -> bool:
     """Whether a minibatch's policy loss has a gradient: an action token with a nonzero advantage,
-    or an entropy or KL-to-reference term in the loss. Without one the gradient is exactly zero, and
-    an optimizer step would still move the weights: Adam's momentum repeats the last steps (with
-    betas 0.9 / 0.95 the zero-gradient steps after one signal add up to about 12 times its own
-    move), so a lone winning group of sparse-reward GRPO kept pushing the policy for the ten steps
-    of all-lost groups that followed it."""
+    or an entropy or KL-to-reference term in the loss. Without one the gradient is exactly zero and
+    the step is skipped (`rl.skip_zero_gradient_steps`: why, in params/rl/grpo.yaml)."""
     if rl.entropy_coef != 0 or (with_ref and rl.kl_coef != 0 and not rl.kl_in_reward):
         return True
     return bool(((advantages != 0) & (mask != 0)).any())
