@@ -10,6 +10,7 @@ from agentrecipe.algos import (
     at_turn_starts,
     broadcast_to_tokens,
     compute_advantages,
+    gigpo_advantages,
     grpo_advantages,
     masked_gae,
     reinforce_pp_advantages,
@@ -107,6 +108,28 @@ def test_rloo_advantages():
     adv = rloo_advantages(returns, groups)
     assert adv.tolist() == approx([1.0, 2.0, -1 / 3, -1 / 3, -2.0, -1 / 3])
     assert rloo_advantages(torch.tensor([3.0]), torch.tensor([0])).tolist() == [0.0]
+
+
+@pytest.mark.parametrize("value", [0.1, 1 / 3, 0.7, 0.95**3])
+def test_group_baselines_give_exact_zero_to_equal_non_dyadic_returns(value):
+    # 8 equal float32 returns: the float mean is not the value (0.7 -> deviations ~6e-8), which the
+    # std division used to blow up to +-0.06 with an arbitrary sign; every group method must give 0,
+    # so that a dense-reward group without signal is skipped like a sparse one (has_gradient).
+    returns = torch.full((8,), value, dtype=torch.float32)
+    groups = torch.zeros(8, dtype=torch.long)
+    assert grpo_advantages(returns, groups).tolist() == [0.0] * 8
+    assert rloo_advantages(returns, groups).tolist() == [0.0] * 8
+    per_turn = torch.tensor([[value, 0.3], [value, 0.9]])  # turn 0 equal, turn 1 not
+    adv = grpo_advantages(per_turn, torch.tensor([0, 0]), mask=torch.ones(2, 2, dtype=torch.bool))
+    assert adv[:, 0].tolist() == [0.0, 0.0] and adv[1, 1] > 0
+    gigpo = gigpo_advantages(returns, returns.unsqueeze(1), torch.ones(8, 1, dtype=torch.bool), groups,
+                             torch.zeros(8, 1, dtype=torch.long), norm="std")
+    assert gigpo.tolist() == [[0.0]] * 8
+    # returns 1e-3 apart are not equal: the group still carries its signal. One return d above 7
+    # others: deviation 7d/8, sample std d/sqrt(8) -> A = 7/sqrt(8) (less 0.3%: eps 1e-6 vs std 3.5e-4)
+    returns[0] += 1e-3
+    assert grpo_advantages(returns, groups)[0] == pytest.approx(7 / 8**0.5, rel=1e-2)
+    assert rloo_advantages(returns, groups)[0] == pytest.approx(1e-3, rel=1e-3)
 
 
 def test_reinforce_pp_global_normalisation():

@@ -259,12 +259,32 @@ def _cell_sum(values: Tensor, cell: Tensor, n_cells: int) -> Tensor:
     return torch.zeros(n_cells, dtype=values.dtype, device=values.device).index_add_(0, cell, values)
 
 
+# Returns that differ by no more than this are equal: a cell (group) of them carries no signal.
+EQUAL_RETURNS_ATOL = 1e-6
+
+
+def _cell_flat(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, atol: float = EQUAL_RETURNS_ATOL) -> Tensor:
+    """(n_cells,) True where a cell's masked values span <= atol (all equal, or no masked value).
+
+    Group baselines must give such a cell exact zeros: its mean, computed in float, is not its
+    value unless that is dyadic (8 returns of 0.7 in float32 leave deviations of ~6e-8, which
+    the std normalisation blows up to +-0.06 with an arbitrary sign)."""
+    inf = torch.tensor(torch.inf, dtype=x.dtype, device=x.device)
+    hi = torch.full((n_cells,), -torch.inf, dtype=x.dtype, device=x.device)
+    lo = torch.full((n_cells,), torch.inf, dtype=x.dtype, device=x.device)
+    hi = hi.scatter_reduce(0, cell, torch.where(m, x, -inf), "amax")
+    lo = lo.scatter_reduce(0, cell, torch.where(m, x, inf), "amin")
+    return ~(hi - lo > atol)
+
+
 def _cell_normalise(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, divide_by_std: bool, eps: float) -> Tensor:
-    """(x - mean_cell x) [/ (sample std_cell x + eps)] on masked entries (flat tensors); 0 elsewhere."""
+    """(x - mean_cell x) [/ (sample std_cell x + eps)] on masked entries (flat tensors); 0 elsewhere
+    and on every entry of a cell whose values are all equal (`_cell_flat`)."""
     w = m.to(x.dtype)
     count = _cell_sum(w, cell, n_cells)
     mean = _cell_sum(x * w, cell, n_cells) / count.clamp(min=1)
-    dev = torch.where(m, x - mean[cell], torch.zeros_like(x))
+    live = m & ~_cell_flat(x, cell, m, n_cells)[cell]
+    dev = torch.where(live, x - mean[cell], torch.zeros_like(x))
     if not divide_by_std:
         return dev
     var = _cell_sum(dev**2, cell, n_cells) / (count - 1).clamp(min=1)
@@ -301,9 +321,9 @@ def rloo_advantages(returns: Tensor, group_ids: Tensor, mask: Tensor | None = No
 
         A_i = R_i - 1/(k - 1) sum_{j in g(i), j != i} R_j  =  k/(k - 1) (R_i - mean_g R)
 
-    with k the group size; a group of one gets A = 0 (no baseline exists).
-    (B, N) returns with `mask` give a per-turn-index baseline, as in
-    `grpo_advantages`. Output has the shape of `returns`, 0 where mask = 0.
+    with k the group size; a group of one, or of equal returns, gets A = 0 (no
+    baseline exists; no signal). (B, N) returns with `mask` give a per-turn-index
+    baseline, as in `grpo_advantages`. Output has the shape of `returns`, 0 where mask = 0.
     """
     cell, n_cells = _cells(group_ids, returns.shape)
     x, m = returns.reshape(-1), _mask_of(returns, mask).reshape(-1)
@@ -311,7 +331,8 @@ def rloo_advantages(returns: Tensor, group_ids: Tensor, mask: Tensor | None = No
     count = _cell_sum(w, cell, n_cells)[cell]
     total = _cell_sum(x * w, cell, n_cells)[cell]
     baseline = (total - x) / (count - 1).clamp(min=1)
-    adv = torch.where(m & (count > 1), x - baseline, torch.zeros_like(x))
+    live = m & (count > 1) & ~_cell_flat(x, cell, m, n_cells)[cell]
+    adv = torch.where(live, x - baseline, torch.zeros_like(x))
     return adv.reshape(returns.shape)
 
 
@@ -372,17 +393,14 @@ def step_group_stats(group_ids: Tensor, anchor_ids: Tensor, turn_mask: Tensor) -
     }
 
 
-def zero_variance_fraction(returns: Tensor, group_ids: Tensor, atol: float = 1e-6) -> float:
-    """Fraction of groups whose episode returns (B,) are all equal (max - min <= atol): no group signal.
+def zero_variance_fraction(returns: Tensor, group_ids: Tensor) -> float:
+    """Fraction of groups whose episode returns (B,) are all equal (`_cell_flat`): no group signal.
 
     A group of one counts as zero-variance (it has no baseline)."""
-    _, group = torch.unique(group_ids, return_inverse=True)
-    n = int(group.max().item()) + 1 if group.numel() else 0
+    group, n = _cells(group_ids, returns.shape)
     if n == 0:
         return 0.0
-    hi = torch.full((n,), -torch.inf, dtype=returns.dtype).scatter_reduce(0, group, returns, "amax")
-    lo = torch.full((n,), torch.inf, dtype=returns.dtype).scatter_reduce(0, group, returns, "amin")
-    return float(((hi - lo) <= atol).float().mean())
+    return float(_cell_flat(returns, group, torch.ones_like(returns, dtype=torch.bool), n).float().mean())
 
 
 # ------------------------------------------------------------- entry point

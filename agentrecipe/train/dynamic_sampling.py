@@ -6,7 +6,7 @@ advantage: it adds tokens to the loss and no signal. DAPO (Yu et al. 2025,
 arXiv:2503.14476, "dynamic sampling") drops such groups and samples more
 prompts until the batch is full of informative ones. Here:
 
-    informative(g)  <=>  max_{i in g} R_i - min_{i in g} R_i > atol
+    informative(g)  <=>  max_{i in g} R_i - min_{i in g} R_i > EQUAL_RETURNS_ATOL
                          over the group's episodes that did not fail (at least 2)
 
 Each extra round plays up to `games_per_step` new games, until
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentrecipe.algos.advantages import EQUAL_RETURNS_ATOL
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.rollout.episode import Episode
 
@@ -35,8 +36,8 @@ class DynamicSample:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-def informative(returns: list[float], atol: float = 1e-6) -> bool:
-    return len(returns) >= 2 and max(returns) - min(returns) > atol
+def informative(returns: list[float]) -> bool:
+    return len(returns) >= 2 and max(returns) - min(returns) > EQUAL_RETURNS_ATOL
 
 
 def dynamic_sampling(
