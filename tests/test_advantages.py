@@ -119,9 +119,10 @@ def test_group_baselines_give_exact_zero_to_equal_non_dyadic_returns(value):
     groups = torch.zeros(8, dtype=torch.long)
     assert grpo_advantages(returns, groups).tolist() == [0.0] * 8
     assert rloo_advantages(returns, groups).tolist() == [0.0] * 8
-    per_turn = torch.tensor([[value, 0.3], [value, 0.9]])  # turn 0 equal, turn 1 not
-    adv = grpo_advantages(per_turn, torch.tensor([0, 0]), mask=torch.ones(2, 2, dtype=torch.bool))
-    assert adv[:, 0].tolist() == [0.0, 0.0] and adv[1, 1] > 0
+    per_turn = torch.stack([returns, torch.linspace(0.0, 1.0, 8)], dim=1)  # turn 0 equal, turn 1 not
+    adv = grpo_advantages(per_turn, groups, mask=torch.ones(8, 2, dtype=torch.bool))
+    assert adv[:, 0].tolist() == [0.0] * 8 and adv[7, 1] > 0
+    assert rloo_advantages(per_turn, groups, mask=torch.ones(8, 2, dtype=torch.bool))[:, 0].tolist() == [0.0] * 8
     gigpo = gigpo_advantages(returns, returns.unsqueeze(1), torch.ones(8, 1, dtype=torch.bool), groups,
                              torch.zeros(8, 1, dtype=torch.long), norm="std")
     assert gigpo.tolist() == [[0.0]] * 8
@@ -130,6 +131,15 @@ def test_group_baselines_give_exact_zero_to_equal_non_dyadic_returns(value):
     returns[0] += 1e-3
     assert grpo_advantages(returns, groups)[0] == pytest.approx(7 / 8**0.5, rel=1e-2)
     assert rloo_advantages(returns, groups)[0] == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_equal_returns_is_relative_and_nan_stays_visible():
+    # Unnormalised scores (SciWorld's run to 100): 29 and the next float32 above it (1.9e-6 apart,
+    # the same total summed in another order) are equal; an absolute 1e-6 would make them +-0.71.
+    big = torch.tensor([29.0, torch.nextafter(torch.tensor(29.0), torch.tensor(30.0)).item()])
+    assert grpo_advantages(big, torch.tensor([0, 0])).tolist() == [0.0, 0.0]
+    # a NaN return is not hidden as a zero-signal group
+    assert torch.isnan(grpo_advantages(torch.tensor([float("nan"), 1.0, 1.0]), torch.tensor([0, 0, 0]))).all()
 
 
 def test_reinforce_pp_global_normalisation():

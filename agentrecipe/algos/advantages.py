@@ -259,12 +259,21 @@ def _cell_sum(values: Tensor, cell: Tensor, n_cells: int) -> Tensor:
     return torch.zeros(n_cells, dtype=values.dtype, device=values.device).index_add_(0, cell, values)
 
 
-# Returns that differ by no more than this are equal: a cell (group) of them carries no signal.
-EQUAL_RETURNS_ATOL = 1e-6
+# Returns that differ by no more than this share of their magnitude (at least 1) are equal: a
+# cell (group) of them carries no signal. Relative, so that unnormalised scores (SciWorld's run to
+# 100) summed in another order, a few float32 steps apart, still count as equal.
+EQUAL_RETURNS_TOL = 1e-6
 
 
-def _cell_flat(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, atol: float = EQUAL_RETURNS_ATOL) -> Tensor:
-    """(n_cells,) True where a cell's masked values span <= atol (all equal, or no masked value).
+def equal_returns(hi: Tensor, lo: Tensor) -> Tensor:
+    """Elementwise: the largest and smallest return of a group are equal (EQUAL_RETURNS_TOL).
+    NaN is never equal (it stays visible); hi = -inf, lo = +inf (no return) is."""
+    scale = torch.maximum(hi.abs(), lo.abs()).clamp(min=1.0)
+    return (hi - lo) <= EQUAL_RETURNS_TOL * scale
+
+
+def _cell_flat(x: Tensor, cell: Tensor, m: Tensor, n_cells: int) -> Tensor:
+    """(n_cells,) True where a cell's masked values are all equal (`equal_returns`), or it has none.
 
     Group baselines must give such a cell exact zeros: its mean, computed in float, is not its
     value unless that is dyadic (8 returns of 0.7 in float32 leave deviations of ~6e-8, which
@@ -274,7 +283,7 @@ def _cell_flat(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, atol: float = E
     lo = torch.full((n_cells,), torch.inf, dtype=x.dtype, device=x.device)
     hi = hi.scatter_reduce(0, cell, torch.where(m, x, -inf), "amax")
     lo = lo.scatter_reduce(0, cell, torch.where(m, x, inf), "amin")
-    return ~(hi - lo > atol)
+    return equal_returns(hi, lo)
 
 
 def _cell_normalise(x: Tensor, cell: Tensor, m: Tensor, n_cells: int, divide_by_std: bool, eps: float) -> Tensor:

@@ -6,7 +6,7 @@ advantage: it adds tokens to the loss and no signal. DAPO (Yu et al. 2025,
 arXiv:2503.14476, "dynamic sampling") drops such groups and samples more
 prompts until the batch is full of informative ones. Here:
 
-    informative(g)  <=>  max_{i in g} R_i - min_{i in g} R_i > EQUAL_RETURNS_ATOL
+    informative(g)  <=>  max_{i in g} R_i and min_{i in g} R_i are not equal (equal_returns)
                          over the group's episodes that did not fail (at least 2)
 
 Each extra round plays up to `games_per_step` new games, until
@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agentrecipe.algos.advantages import EQUAL_RETURNS_ATOL
+import torch
+
+from agentrecipe.algos.advantages import equal_returns
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.rollout.episode import Episode
 
@@ -37,7 +39,8 @@ class DynamicSample:
 
 
 def informative(returns: list[float]) -> bool:
-    return len(returns) >= 2 and max(returns) - min(returns) > EQUAL_RETURNS_ATOL
+    """The group's returns differ, by the test the group baselines use (in float32, as they do)."""
+    return len(returns) >= 2 and not bool(equal_returns(torch.tensor(max(returns)), torch.tensor(min(returns))))
 
 
 def dynamic_sampling(
