@@ -16,7 +16,8 @@ that fails shows no numbers, and fails the flow run once the table is written.
 
 A preset (params/sweep/<preset>.yaml) is a list of such sweeps; `--override`
 adds to each of them; `--point NAME` (repeatable) runs only the named points
-(rerun one that failed, or finish a sweep cut short).
+(rerun one that failed, or finish a sweep cut short). `--stop-after-s S` starts no
+point after S seconds (the running ones finish): a sweep cut to a time slot.
 """
 
 from __future__ import annotations
@@ -101,13 +102,17 @@ def live_queue_workers(project: str) -> list[int]:
     return live
 
 
-def stop_queue_workers(project: str) -> None:
+def stop_queue_workers(project: str, skip: set[int] | frozenset[int] = frozenset()) -> set[int]:
     """SIGTERM (celery's warm shutdown: a running point finishes first) to this project's live queue
-    workers. Not `dvc queue stop`: that is a broadcast which, sent when no worker is up, stays in the
-    broker and stops the next sweep's worker after its first point."""
-    for pid in live_queue_workers(project):
+    workers but those in `skip` (told already); returns the PIDs told. Not `dvc queue stop`: that is a
+    broadcast which, sent when no worker is up, stays in the broker and stops the next sweep's worker
+    after its first point."""
+    told = set()
+    for pid in set(live_queue_workers(project)) - skip:
         with contextlib.suppress(ProcessLookupError):  # it left by itself meanwhile
             os.kill(pid, signal.SIGTERM)
+            told.add(pid)
+    return told
 
 
 def wait_for_queue_workers_to_leave(project: str, timeout_s: float = 90.0) -> None:
@@ -147,9 +152,12 @@ def queue_points(project: str, points: dict[str, list[str]], targets: list[str] 
 
 
 @task(name="run-queue", cache_policy=NO_CACHE)
-def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
+def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_after_s: float | None = None) -> list[str]:
     """`dvc exp run --run-all -j jobs`, its output in `log_path` and the run log. The task's timeout
-    (Prefect's `timeout_seconds`) interrupts the wait: running experiments are killed, queued ones removed."""
+    (Prefect's `timeout_seconds`) interrupts the wait: running experiments are killed, queued ones removed.
+    stop_after_s: after this many seconds the workers get a warm shutdown (each finishes the point it
+    runs; one not yet up then, the first it takes), and once they have left the points still queued are
+    removed. Returns the names of the points removed so (none without stop_after_s)."""
     env = dvc_env(project)
     # Workers side by side share the cores (stages size their torch threads by this).
     env.setdefault("AGENTRECIPE_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, jobs))))
@@ -158,7 +166,7 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
     with open(log_path, "wb") as log, open(log_path, "rb") as follow:
         proc = subprocess.Popen(dvc("exp", "run", "--run-all", "-j", str(jobs)), cwd=project, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
-        partial = b""
+        partial, started, stopping, told = b"", time.monotonic(), False, set()
         try:
             while proc.poll() is None:  # a Python loop, so a timeout can interrupt it
                 time.sleep(1.0)
@@ -166,9 +174,26 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                 for line in lines:  # the queue's output, live in the run log
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
                         logger.info(text)
+                if stop_after_s is not None and not stopping and time.monotonic() - started >= stop_after_s:
+                    logger.info("stop after %.0f s: the workers finish their points and take no more", stop_after_s)
+                    stopping = True
+                if stopping:
+                    # A worker that comes up late (a slow start) is told too, and runs its first point.
+                    told |= stop_queue_workers(project, told)
+                    if told and not live_queue_workers(project):
+                        proc.kill()  # `--run-all` would wait for the queued points forever
+                        proc.wait()
             # Every point has run (a worker runs each as one task): let the idle workers go now rather than
             # after their 10 s wait for more work, during which a point queued next could be lost.
             stop_queue_workers(project)
+            if not stopping:
+                return []
+            # No worker is up now, so removing the queued points races with none (during a run it can hang).
+            queued = queued_points(run(dvc("queue", "status"), project, env).stdout)
+            if queued:
+                run(dvc("queue", "remove", "--queued"), project, env)
+                logger.warning("stopped after %.0f s; not run: %s", stop_after_s, ", ".join(queued))
+            return [n for n in names if n in queued]
         except BaseException:
             proc.kill()
             stop_queue_workers(project)  # first: no worker takes another point
@@ -182,6 +207,11 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str) -> None:
                     break
                 time.sleep(2.0)
             raise
+
+
+def queued_points(status: str) -> list[str]:
+    """The names of the queued points in `dvc queue status`'s table (Task, Name, Created, Status)."""
+    return [cols[1] for line in status.splitlines() if len(cols := line.split()) >= 4 and cols[-1] == "Queued"]
 
 
 NO_LOG = "no log: failed before any stage ran (DVC's worker log: .dvc/tmp/exps/celery/dvc-exp-worker-1.out)"
@@ -272,6 +302,7 @@ def sweep(
     timeout_s: float | None = None,
     targets: list[str] | None = None,
     only: list[str] | None = None,
+    stop_after_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Queue one DVC experiment per point, run DVC's queue, compare the points in one table.
 
@@ -286,6 +317,10 @@ def sweep(
         timeout_s: Prefect's timeout of the run-queue task: running experiments are killed after it.
         targets: stages each point runs, with their upstream (`dvc exp run <targets>`); default all.
         only: run only the points of these names (default all; an unknown name is refused, naming the known).
+        stop_after_s: after this many seconds of the queue's run each worker finishes the point it runs (a
+            worker not yet up by then: the first it takes) and stops; those points are collected, the others stay out of the table's results (state `missing`; run.json names
+            them) and the run still completes, so a sweep cut to fit a time slot loses no finished work.
+            Finish it later with `--point` (timeout_s, by contrast, kills the running points).
     """
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())
@@ -299,15 +334,20 @@ def sweep(
     started, revision = time.time(), git_revision(project)  # what the queued experiments start from
     queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
-                                                             return_state=True)
+                                                             stop_after_s, return_state=True)
+    not_run = ran.result() if ran.is_completed() else []
     rows = collect_results(project, every, out, title)  # with --point, the others from earlier runs of this commit
-    record = {"command": command_line(preset, overrides, jobs, name, targets, only), "revision": revision,
+    record = {"command": command_line(preset, overrides, jobs, name, targets, only, stop_after_s), "revision": revision,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
-              "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine()}
+              "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine(),
+              **({"not_run": not_run} if not_run else {})}
     write_run_record(Path(project) / out, record, keep_earlier=bool(only))
     if not ran.is_completed():
         raise RuntimeError(f"the queue did not finish ({ran.message}); see {out}/results.csv")
-    if failed := [r for r in rows if r["state"] != "success" and r["experiment"] in named]:
+    if not_run:
+        logger.warning("stopped after %.0f s: %d of %d points not run; to finish: %s", stop_after_s, len(not_run),
+                       len(named), command_line(preset, overrides, jobs, name, targets, not_run))
+    if failed := [r for r in rows if r["state"] != "success" and r["experiment"] in named and r["experiment"] not in not_run]:
         why = "; ".join(f"{r['experiment']}: {r['state']}" + (f", {r['error']}" if r["error"] else "") for r in failed)
         raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({why}); see {out}/results.csv")
     return rows
@@ -331,11 +371,12 @@ def select_points(named: dict[str, list[str]], only: list[str] | None) -> dict[s
 
 
 def command_line(preset: str | None, overrides: list[str] | None, jobs: int, name: str | None,
-                 targets: list[str] | None, only: list[str] | None = None) -> str:
+                 targets: list[str] | None, only: list[str] | None = None, stop_after_s: float | None = None) -> str:
     """The `python -m flows.sweep ...` command that runs this sweep."""
     args = [*(["--preset", preset] if preset else []), *[a for o in overrides or [] for a in ("--override", o)],
             *(["--jobs", str(jobs)] if jobs != 1 else []), *(["--name", name] if name else []),
-            *[a for t in targets or [] for a in ("--target", t)], *[a for n in only or [] for a in ("--point", n)]]
+            *[a for t in targets or [] for a in ("--target", t)], *[a for n in only or [] for a in ("--point", n)],
+            *(["--stop-after-s", f"{stop_after_s:g}"] if stop_after_s is not None else [])]
     return shlex.join(["python", "-m", "flows.sweep", *args])
 
 
@@ -366,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float)
     parser.add_argument("--target", action="append", dest="targets", help="run only this stage and its upstream (repeatable)")
     parser.add_argument("--point", action="append", dest="only", help="run only the point of this name (repeatable)")
+    parser.add_argument("--stop-after-s", type=float, help="start no point after this many seconds; the running ones finish")
     args = parser.parse_args(argv)
     state = sweep(preset=args.preset, overrides=args.overrides, jobs=args.jobs, project_dir=args.project_dir,
-                  name=args.name, timeout_s=args.timeout_s, targets=args.targets, only=args.only, return_state=True)
+                  name=args.name, timeout_s=args.timeout_s, targets=args.targets, only=args.only,
+                  stop_after_s=args.stop_after_s, return_state=True)
     return 0 if state.is_completed() else 1
 
 

@@ -454,6 +454,42 @@ def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
     assert psutil.wait_procs(sleepers, timeout=30)[1] == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sweep_stop_after_lets_the_running_point_finish_and_runs_no_other(prefect_harness, tmp_path):
+    """--stop-after-s: the point running at the deadline finishes and is collected, the queued ones are
+    removed (not run, named in run.json), nothing stays queued, and the run completes."""
+    from flows.sweep import sweep
+
+    # The first point is well under way at the deadline (a queue worker starts it within seconds), and
+    # runs on past it.
+    slow = SWEEP_YAML.replace("cmd: python score.py", "cmd: python -c 'import time; time.sleep(40)' && python score.py")
+    project = make_project(tmp_path / "p", slow, {"score.py": SWEEP_SCORE_PY})
+    state = sweep(overrides=["train.lr=0.1,0.2,0.3"], project_dir=str(project), stop_after_s=20, return_state=True)
+    assert state.is_completed(), state.message
+    rows = {r["experiment"]: r["state"] for r in state.result()}
+    assert rows == {"lr-0.1": "success", "lr-0.2": "missing", "lr-0.3": "missing"}
+    record = json.loads((project / "data/sweeps/sweep/run.json").read_text())
+    assert record["not_run"] == ["lr-0.2", "lr-0.3"] and record["succeeded"] == 1
+    assert record["command"].endswith("--stop-after-s 20")
+    status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, capture_output=True, text=True)
+    assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
+
+
+def test_queued_points_reads_dvc_queue_status():
+    from flows.sweep import queued_points
+
+    status = """Task     Name    Created    Status
+0625a07  p2      09:26 PM   Queued
+5d573a6  p3      Dec 02, 2026   Queued
+037bea1  p1      09:26 PM   Success
+1a2b3c4  p4      09:27 PM   Running
+
+Worker status: 0 active, 0 idle
+"""
+    assert queued_points(status) == ["p2", "p3"]
+
+
 def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):
     from flows.sweep import live_queue_workers
 
