@@ -94,10 +94,8 @@ def live_queue_workers(project: str) -> list[int]:
         try:
             pid = int(pidfile.read_text())
             os.kill(pid, 0)
-        except (ValueError, ProcessLookupError):  # unreadable, or the worker is gone
-            continue
-        except PermissionError:  # alive, another user's
-            pass
+        except (ValueError, ProcessLookupError, PermissionError):
+            continue  # unreadable, the worker is gone, or a stale file's PID reused by another user's process
         live.append(pid)
     return live
 
@@ -109,7 +107,7 @@ def stop_queue_workers(project: str, skip: set[int] | frozenset[int] = frozenset
     after its first point."""
     told = set()
     for pid in set(live_queue_workers(project)) - skip:
-        with contextlib.suppress(ProcessLookupError):  # it left by itself meanwhile
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # it left by itself meanwhile
             os.kill(pid, signal.SIGTERM)
             told.add(pid)
     return told
@@ -151,13 +149,19 @@ def queue_points(project: str, points: dict[str, list[str]], targets: list[str] 
         queued.append(name)
 
 
+# After a stop, how long no queue worker must be up before the queue's points are taken as not run: a
+# worker writes its pid file a few seconds after `--run-all` starts it.
+WORKER_GRACE_S = 15.0
+
+
 @task(name="run-queue", cache_policy=NO_CACHE)
 def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_after_s: float | None = None) -> list[str]:
     """`dvc exp run --run-all -j jobs`, its output in `log_path` and the run log. The task's timeout
     (Prefect's `timeout_seconds`) interrupts the wait: running experiments are killed, queued ones removed.
     stop_after_s: after this many seconds the workers get a warm shutdown (each finishes the point it
-    runs; one not yet up then, the first it takes), and once they have left the points still queued are
-    removed. Returns the names of the points removed so (none without stop_after_s)."""
+    runs and takes no other; one coming up later is told too and runs at most one), and once no worker
+    has been up for WORKER_GRACE_S this sweep's points still queued are removed. Returns the names of
+    the points removed so (none without stop_after_s)."""
     env = dvc_env(project)
     # Workers side by side share the cores (stages size their torch threads by this).
     env.setdefault("AGENTRECIPE_THREADS", str(max(1, (os.cpu_count() or 1) // max(1, jobs))))
@@ -166,7 +170,7 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
     with open(log_path, "wb") as log, open(log_path, "rb") as follow:
         proc = subprocess.Popen(dvc("exp", "run", "--run-all", "-j", str(jobs)), cwd=project, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
-        partial, started, stopping, told = b"", time.monotonic(), False, set()
+        partial, started, stopping, told, last_up = b"", time.monotonic(), False, set(), 0.0
         try:
             while proc.poll() is None:  # a Python loop, so a timeout can interrupt it
                 time.sleep(1.0)
@@ -174,13 +178,15 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
                 for line in lines:  # the queue's output, live in the run log
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
                         logger.info(text)
-                if stop_after_s is not None and not stopping and time.monotonic() - started >= stop_after_s:
+                now = time.monotonic()
+                if stop_after_s is not None and not stopping and now - started >= stop_after_s:
                     logger.info("stop after %.0f s: the workers finish their points and take no more", stop_after_s)
-                    stopping = True
+                    stopping, last_up = True, now
                 if stopping:
-                    # A worker that comes up late (a slow start) is told too, and runs its first point.
-                    told |= stop_queue_workers(project, told)
-                    if told and not live_queue_workers(project):
+                    told |= stop_queue_workers(project, told)  # also one that comes up late (a slow start)
+                    if live_queue_workers(project):
+                        last_up = now
+                    elif now - last_up >= WORKER_GRACE_S:  # none up, nor come up, for that long
                         proc.kill()  # `--run-all` would wait for the queued points forever
                         proc.wait()
             # Every point has run (a worker runs each as one task): let the idle workers go now rather than
@@ -189,11 +195,17 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
             if not stopping:
                 return []
             # No worker is up now, so removing the queued points races with none (during a run it can hang).
-            queued = queued_points(run(dvc("queue", "status"), project, env).stdout)
-            if queued:
-                run(dvc("queue", "remove", "--queued"), project, env)
-                logger.warning("stopped after %.0f s; not run: %s", stop_after_s, ", ".join(queued))
-            return [n for n in names if n in queued]
+            status = run(dvc("queue", "status"), project, env)
+            queued = set(queued_points(status.stdout))
+            if not_run := [n for n in names if n in queued]:
+                removed = run(dvc("queue", "remove", *not_run), project, env)
+                if status.returncode or removed.returncode:
+                    raise RuntimeError(f"could not remove the points not run ({', '.join(not_run)}) from DVC's "
+                                       f"queue: {(status.stderr + removed.stderr).strip()}")
+                logger.warning("stopped after %.0f s; not run: %s", stop_after_s, ", ".join(not_run))
+            elif status.returncode:
+                raise RuntimeError(f"dvc queue status failed after the stop: {status.stderr.strip()}")
+            return not_run
         except BaseException:
             proc.kill()
             stop_queue_workers(project)  # first: no worker takes another point
@@ -317,10 +329,11 @@ def sweep(
         timeout_s: Prefect's timeout of the run-queue task: running experiments are killed after it.
         targets: stages each point runs, with their upstream (`dvc exp run <targets>`); default all.
         only: run only the points of these names (default all; an unknown name is refused, naming the known).
-        stop_after_s: after this many seconds of the queue's run each worker finishes the point it runs (a
-            worker not yet up by then: the first it takes) and stops; those points are collected, the others stay out of the table's results (state `missing`; run.json names
-            them) and the run still completes, so a sweep cut to fit a time slot loses no finished work.
-            Finish it later with `--point` (timeout_s, by contrast, kills the running points).
+        stop_after_s: after this many seconds of the queue's run each worker finishes the point it runs
+            and takes no other; those points are collected, the others are removed from the queue (rows
+            of state `missing`; run.json names them) and the run still completes, so a sweep cut to fit
+            a time slot loses no finished work. Finish it later with `--point` (timeout_s, by contrast,
+            kills the running points).
     """
     logger = get_run_logger()
     project = str(Path(project_dir).resolve())

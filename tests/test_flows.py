@@ -475,6 +475,17 @@ def test_sweep_stop_after_lets_the_running_point_finish_and_runs_no_other(prefec
     status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, capture_output=True, text=True)
     assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
 
+    # A stop before any worker is up: the late worker is told as it comes up and runs at most one point;
+    # the run neither hangs nor leaves a point queued.
+    state = sweep(overrides=["train.lr=0.4,0.5"], project_dir=str(project), name="late", stop_after_s=0,
+                  return_state=True)
+    assert state.is_completed(), state.message
+    ran = [r["experiment"] for r in state.result() if r["state"] == "success"]
+    not_run = json.loads((project / "data/sweeps/late/run.json").read_text()).get("not_run", [])
+    assert len(ran) <= 1 and sorted(ran + not_run) == ["lr-0.4", "lr-0.5"]
+    status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, capture_output=True, text=True)
+    assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
+
 
 def test_queued_points_reads_dvc_queue_status():
     from flows.sweep import queued_points
