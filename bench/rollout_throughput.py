@@ -10,8 +10,12 @@ initialised, with a byte-level BPE trained on the benchmark game's text. The
 game (bench/fixed_turn_env.py) lasts exactly T turns whatever the agent does,
 with observations of about 80-100 words and 10 admissible commands.
 
+`--size smollm2-135m` gives the model SmolLM2-135M's sizes (hidden 576, 30
+layers, 9 heads, all of them key/value heads; the benchmark's own vocabulary),
+and `--device cuda --dtype bfloat16` runs it on a GPU (scripts/gpu_check.sh).
+
 For each turn count T, all methods play B episodes of T turns, sampling at
-temperature 1 (seeded) on the CPU:
+temperature 1 (seeded) on the CPU (or --device):
 
 - engine h=-1 / h=2: `run_episodes` with the HF backend, full history (one
   growing sequence) and a 2-turn window; each episode's KV cache is kept across
@@ -68,6 +72,8 @@ from agentrecipe.rollout.hf_backend import HFBackend  # noqa: E402
 registry.FAMILIES["fixed"] = "fixed_turn_env"
 MAX_CONTEXT = 4096
 """Model positions and engine context: 16 full-history turns are about 2,700 tokens."""
+SIZES = {"tiny": {}, "smollm2-135m": {"hidden_size": 576, "num_layers": 30, "num_heads": 9, "intermediate_size": 1536}}
+"""--size: ModelConfig fields over the recipe's tiny model (whose sizes are ModelConfig's defaults)."""
 
 
 class CountingEncoder(PromptEncoder):
@@ -114,6 +120,7 @@ def hf_generate(model, tok, prompts, new_tokens: int, exact: bool, allowed_fn=No
     attn = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
         ids[i, L - len(p):], attn[i, L - len(p):] = torch.tensor(p), 1
+    ids, attn = ids.to(model.device), attn.to(model.device)
     cfg = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=new_tokens,
                            min_new_tokens=new_tokens if exact else 0, pad_token_id=tok.pad_token_id,
                            eos_token_id=tok.eos_token_id)
@@ -234,6 +241,9 @@ def main() -> None:
     p.add_argument("--no-xt", action="store_true", help="skip `generate xT` (the slowest row)")
     p.add_argument("--overlap", action="store_true", help="also the engine in ping-pong (RolloutSettings.overlap_env)")
     p.add_argument("--repeats", type=int, default=3, help="runs per turn count; each row is the median-time run")
+    p.add_argument("--size", default="tiny", choices=sorted(SIZES), help="model sizes (random weights either way)")
+    p.add_argument("--device", default="cpu", help="torch device of the model (cpu, cuda)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = p.parse_args()
     if args.batch < 1 or min(args.turns) < 1 or args.threads < 1 or args.repeats < 1:
         p.error("--batch, --turns, --threads and --repeats must be >= 1")
@@ -241,8 +251,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     tok = train_tokenizer(fixed_turn_env.corpus() + [SYSTEM_PROMPT, INVALID_REPLY], ModelConfig().vocab_size)
-    model = build_tiny(ModelConfig(max_position=MAX_CONTEXT), tok).eval()
-    print(f"tiny model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tok)}, "
+    model = build_tiny(ModelConfig(max_position=MAX_CONTEXT, **SIZES[args.size]), tok).eval()
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    print(f"{args.size} model {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params, vocab {len(tok)}, "
+          f"{args.device} {args.dtype}, "
           f"batch {args.batch}, decoding {args.decoding}, {args.threads} thread(s), {args.workers} env workers, "
           f"{args.step_ms:g} ms/step; "
           f"setup {time.perf_counter() - t0:.1f}s")

@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/train_memory.py                 # SmolLM2-135M-sized, 4 x 1024 tokens
     .venv/bin/python bench/train_memory.py --layers 2      # quicker, same vocabulary
+    python bench/train_memory.py --model qwen2.5-1.5b --tokens 8192 --dtype bfloat16   # gpu_qwen1.5b's minibatch (GPU)
 
-The model is built from SmolLM2-135M's config (vocab 49,152, hidden 576, 30 layers; random
-weights, nothing downloaded). The minibatch: `--rows` sequences of `--tokens` tokens with
+The model is built from SmolLM2-135M's config (vocab 49,152, hidden 576, 30 layers) or, with
+`--model qwen2.5-1.5b`, Qwen2.5-1.5B-Instruct's (vocab 151,936, hidden 1536, 28 layers): random
+weights, nothing downloaded; `--layers` overrides the depth. The minibatch: `--rows` sequences of `--tokens` tokens with
 `--actions` action tokens each (a whole episode of turns), constrained decoding with
 `--allowed` ids per action token, entropy logged (entropy_coef = 0).
 
@@ -14,7 +16,8 @@ weights, nothing downloaded). The minibatch: `--rows` sequences of `--tokens` to
             sets as index lists, entropy without a graph (`policy_pass`)
 
 Each variant runs in its own process; the figure is the growth of the peak resident set over
-the model's own footprint (CPU), or the CUDA peak allocated beyond the model's (GPU).
+the model's own footprint (CPU), or the CUDA peak allocated beyond the model's (GPU); a variant that runs out of GPU memory
+says so instead of a figure.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def smollm2_config(layers: int):
-    from transformers import LlamaConfig
+def model_config(name: str, layers: int | None):
+    """The architecture of `name` (random weights), with `layers` layers if given."""
+    from transformers import LlamaConfig, Qwen2Config
 
-    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers,
+    if name == "qwen2.5-1.5b":
+        return Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=layers or 28,
+                           num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                           rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                           bos_token_id=151643, eos_token_id=151645, pad_token_id=151643)
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=layers or 30,
                        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
                        bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -78,7 +87,7 @@ def peak_bytes(device) -> int:
 
 def run_variant(args) -> dict:
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from agentrecipe.algos.losses import aggregate, policy_loss
     from agentrecipe.train.logprobs import token_logprobs
@@ -87,7 +96,8 @@ def run_variant(args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = LlamaForCausalLM(smollm2_config(args.layers)).to(device)
+    with device:  # weights initialised where they live (a 1.5B model builds in seconds on a GPU)
+        model = AutoModelForCausalLM.from_config(model_config(args.model, args.layers)).to(getattr(torch, args.dtype))
     batch = make_batch(args.rows, args.tokens, args.actions, args.allowed, model.config.vocab_size)
     for name in ("input_ids", "attention_mask", "action_mask", "share", "rollout_logprobs"):
         setattr(batch, name, getattr(batch, name).to(device))
@@ -99,18 +109,23 @@ def run_variant(args) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     base = peak_bytes(device)
     start = time.time()
-    if args.variant == "dense":
-        lp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, 1.0, batch.allowed_mask(sel),
-                                 with_entropy=True)
-    else:
-        lp, ent, _ = policy_pass(model, batch, sel, 1.0, with_entropy=True, entropy_grad=False)
-    loss, _ = policy_loss(lp, lp.detach(), adv, mask, 0.2)
-    entropy = aggregate(ent, mask)
-    (loss - 0.0 * entropy).backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    try:
+        if args.variant == "dense":
+            lp, ent = token_logprobs(model, batch.input_ids, batch.attention_mask, 1.0, batch.allowed_mask(sel),
+                                     with_entropy=True)
+        else:
+            lp, ent, _ = policy_pass(model, batch, sel, 1.0, with_entropy=True, entropy_grad=False)
+        loss, _ = policy_loss(lp, lp.detach(), adv, mask, 0.2)
+        entropy = aggregate(ent, mask)
+        (loss - 0.0 * entropy).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    except torch.OutOfMemoryError:
+        total = torch.cuda.get_device_properties(device).total_memory
+        return {"variant": args.variant, "device": device.type, "peak_growth_mib": None,
+                "seconds": time.time() - start, "error": f"out of memory ({total / 2**30:.0f} GiB device)"}
     return {"variant": args.variant, "device": device.type, "peak_growth_mib": (peak_bytes(device) - base) / 2**20,
-            "seconds": time.time() - start, "loss": float(loss)}
+            "seconds": time.time() - start, "loss": loss.item()}
 
 
 def main() -> None:
@@ -119,7 +134,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--actions", type=int, default=100, help="action tokens per sequence")
     p.add_argument("--allowed", type=int, default=8, help="allowed ids per action token")
-    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "qwen2.5-1.5b"])
+    p.add_argument("--layers", type=int, help="default: the model's own depth (30, 28)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variant", choices=["dense", "packed"], help="(internal) run one variant in this process")
     args = p.parse_args()
@@ -127,14 +144,23 @@ def main() -> None:
         print(json.dumps(run_variant(args)))
         return
     print(f"one RL minibatch: {args.rows} x {args.tokens} tokens, {args.actions} action tokens per row, "
-          f"{args.allowed} allowed ids each; SmolLM2-135M config with {args.layers} layers, vocab 49152")
+          f"{args.allowed} allowed ids each; {args.model} config, {args.layers or 'all'} layers, {args.dtype}")
     print(f"{'variant':8} {'device':6} {'peak growth MiB':>16} {'seconds':>8}")
+    failed = []
     for variant in ("dense", "packed"):
         cmd = [sys.executable, __file__, "--variant", variant] + [
-            f"--{k}={getattr(args, k)}" for k in ("rows", "tokens", "actions", "allowed", "layers", "threads")]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        r = json.loads(out)
-        print(f"{r['variant']:8} {r['device']:6} {r['peak_growth_mib']:16.0f} {r['seconds']:8.1f}")
+            f"--{k}={getattr(args, k)}" for k in ("rows", "tokens", "actions", "allowed", "model", "dtype", "threads")
+        ] + ([f"--layers={args.layers}"] if args.layers else [])
+        done = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # its errors go to our stderr
+        if done.returncode != 0:
+            failed.append(variant)
+            print(f"{variant:8} failed (exit {done.returncode}; its traceback is above)", flush=True)
+            continue
+        r = json.loads(done.stdout.strip().splitlines()[-1])
+        peak = r.get("error") or f"{r['peak_growth_mib']:.0f}"
+        print(f"{r['variant']:8} {r['device']:6} {peak:>16} {r['seconds']:8.1f}", flush=True)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rollout.hf_backend import HFBackend
 from agentrecipe.train import rl as rl_mod
 from agentrecipe.train.critic import ValueModel
-from agentrecipe.train.logprobs import token_logprobs
+from agentrecipe.train.logprobs import constrained_logprobs, token_logprobs
 from agentrecipe.train.rl import bootstrap_pass, policy_pass, truncation_values, value_pass
 from agentrecipe.train.rl_batch import build_batch
 from tests import walk_env
@@ -59,6 +59,20 @@ def play(model, tokenizer, pool, history: int, decoding: str, max_turns: int = 3
     rewards = [[0.0] * ep.turns for ep in episodes]
     batch = build_batch(episodes, rewards, list(range(len(episodes))), enc, len(tokenizer), decoding == "admissible")
     return enc, episodes, batch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_constrained_logprobs_on_a_gpu_match_the_cpu():
+    """The packed pass builds its targets on the CPU and the logits live on the GPU: every index
+    must meet its tensor on one device (it did not, and every RL step on a GPU failed)."""
+    torch.manual_seed(0)
+    logits, targets = torch.randn(4, 50), torch.tensor([3, 7, 8, 1])
+    allowed = [[3, 4], None, [7, 8, 9], [1]]
+    cpu = constrained_logprobs(logits, targets, allowed, 0.7, with_entropy=True, entropy_grad=False)
+    gpu = constrained_logprobs(logits.cuda(), targets, allowed, 0.7, with_entropy=True, entropy_grad=False)
+    for a, b in zip(cpu, gpu):
+        assert b.is_cuda and torch.allclose(a, b.cpu(), atol=1e-5)
 
 
 @pytest.mark.parametrize("history,decoding", [(2, "admissible"), (0, "free"), (-1, "admissible")])

@@ -190,6 +190,7 @@ def constrained_logprobs(
     mask), or None for the whole vocabulary. The entropy is computed without a graph unless
     `entropy_grad` (when it is only logged)."""
     z = logits.float()
+    targets = targets.to(z.device)  # indexed below by index tensors on z's device
     if temperature > 0 and temperature != 1.0:
         z = z / temperature
     N = z.shape[0]
@@ -199,22 +200,23 @@ def constrained_logprobs(
     if free:
         f = torch.tensor(free, dtype=torch.long, device=z.device)
         logp = torch.log_softmax(z[f], -1)
-        lp = lp.index_put((f,), logp.gather(1, targets[f, None].to(z.device)).squeeze(1))
+        lp = lp.index_put((f,), logp.gather(1, targets[f, None]).squeeze(1))
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 lq = logp if entropy_grad else logp.detach()
                 ent = ent.index_put((f,), -(lq.exp() * lq).sum(-1))
     rows = [i for i, a in enumerate(allowed or []) if a is not None]
     if rows:
+        M = sum(len(allowed[i]) for i in rows)  # given as output_size: no device-to-host sync on a GPU
         counts = torch.tensor([len(allowed[i]) for i in rows], device=z.device)
-        row = torch.repeat_interleave(torch.tensor(rows, device=z.device), counts)  # (M,)
+        row = torch.repeat_interleave(torch.tensor(rows, device=z.device), counts, output_size=M)  # (M,)
         ids = torch.tensor([v for i in rows for v in allowed[i]], dtype=torch.long, device=z.device)  # (M,)
-        seg = torch.repeat_interleave(torch.arange(len(rows), device=z.device), counts)
+        seg = torch.repeat_interleave(torch.arange(len(rows), device=z.device), counts, output_size=M)
         za = z[row, ids]  # (M,) allowed logits
         top = torch.full((len(rows),), float("-inf"), device=z.device).scatter_reduce(0, seg, za.detach(), "amax")
         lse = top + torch.zeros(len(rows), device=z.device).index_add(0, seg, (za - top[seg]).exp()).log()
         r = torch.tensor(rows, device=z.device)
-        lp = lp.index_put((r,), z[r, targets[r].to(z.device)] - lse)
+        lp = lp.index_put((r,), z[r, targets[r]] - lse)
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 za_, lse_ = (za, lse) if entropy_grad else (za.detach(), lse.detach())
