@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/train_memory.py                 # SmolLM2-135M-sized, 4 x 1024 tokens
     .venv/bin/python bench/train_memory.py --layers 2      # quicker, same vocabulary
-    python bench/train_memory.py --model qwen2.5-1.5b --tokens 8192 --dtype bfloat16   # gpu_qwen1.5b's minibatch (GPU)
+    python bench/train_memory.py --model qwen2.5-1.5b --tokens 8192 --actions 400 --dtype bfloat16   # gpu_qwen1.5b's (GPU)
 
 The model is built from SmolLM2-135M's config (vocab 49,152, hidden 576, 30 layers) or, with
 `--model qwen2.5-1.5b`, Qwen2.5-1.5B-Instruct's (vocab 151,936, hidden 1536, 28 layers): random
@@ -96,8 +96,12 @@ def run_variant(args) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    with device:  # weights initialised where they live (a 1.5B model builds in seconds on a GPU)
-        model = AutoModelForCausalLM.from_config(model_config(args.model, args.layers)).to(getattr(torch, args.dtype))
+    # weights initialised where they live, in their dtype (a 1.5B model builds in seconds on a GPU; no
+    # fp32 copy first, which would raise the CPU's peak before the baseline is read)
+    torch.set_default_dtype(getattr(torch, args.dtype))
+    with device:
+        model = AutoModelForCausalLM.from_config(model_config(args.model, args.layers))
+    torch.set_default_dtype(torch.float32)
     batch = make_batch(args.rows, args.tokens, args.actions, args.allowed, model.config.vocab_size)
     for name in ("input_ids", "attention_mask", "action_mask", "share", "rollout_logprobs"):
         setattr(batch, name, getattr(batch, name).to(device))

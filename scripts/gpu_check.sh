@@ -3,7 +3,7 @@
 #   1. install: online, .[gpu,dev] into $VENV (skipped when vllm already imports there); offline, with
 #      WHEELS=<folder of wheels> (scripts/gpu_wheels.sh fills one), those wheels into $SITE on top of
 #      the machine's own python3, its torch and transformers (no vLLM: its wheels are too large to carry)
-#   2. the vLLM backend tests (tests/test_vllm_backend.py), when vllm imports
+#   2. the GPU tests (pytest -m gpu), and the vLLM backend tests (tests/test_vllm_backend.py) when vllm imports
 #   3. peak memory of one RL minibatch, dense logits vs the trainer's packed pass (bench/train_memory.py):
 #      SmolLM2-135M at 4 x 1024 tokens (fp32), Qwen2.5-1.5B at gpu_qwen1.5b's 4 x 8192 (bf16)
 #   4. the rollout engine against one batched `generate` (the decode ceiling) and the naive loop, on the
@@ -15,7 +15,8 @@
 #
 #   bash scripts/gpu_check.sh                  # online: VENV=.venv-gpu by default; WORK=<dir> keeps the outputs
 #   WHEELS=.whl bash scripts/gpu_check.sh      # offline: no registry reachable
-#   ONLY="memory stages" bash scripts/gpu_check.sh   # some of: vllm-tests memory rollout stages backends
+#   ONLY="memory stages" bash scripts/gpu_check.sh   # some of: tests memory rollout stages backends
+#                                                    # (backends reads the base model stages wrote to WORK)
 #
 # A failing step is reported and the others still run (a lent machine's minutes are few); the script
 # exits 1 at the end if any failed.
@@ -29,6 +30,8 @@ mkdir -p "$WORK"
 start=$SECONDS
 step() { echo; echo "== [$((SECONDS - start))s] $*"; }
 failed=()
+STEPS="tests memory rollout stages backends"
+for s in ${ONLY:-}; do [[ " $STEPS " == *" $s "* ]] || { echo "ONLY: unknown step '$s' (steps: $STEPS)"; exit 2; }; done
 want() { [[ -z ${ONLY:-} || " $ONLY " == *" $1 "* ]]; }
 attempt() { "$@" || { echo "FAILED (rc $?): $*"; failed+=("$*"); }; }
 
@@ -54,9 +57,13 @@ fi
 "$PY" -c "import torch, transformers, deepspeed; assert torch.cuda.is_available(); print('torch', torch.__version__, 'transformers', transformers.__version__, 'deepspeed', deepspeed.__version__)"
 if "$PY" -c "import vllm" 2>/dev/null; then VLLM=1; else VLLM=0; echo "vllm does not import: its steps are skipped, rollouts use the HF backend"; fi
 
-if [ $VLLM = 1 ] && want vllm-tests; then
-  step "vLLM backend tests"
-  attempt timeout 240 "$PY" -m pytest -q -m vllm tests/test_vllm_backend.py
+if want tests; then
+  step "GPU tests"
+  attempt timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_rl_batch.py
+  if [ $VLLM = 1 ]; then
+    step "vLLM backend tests"
+    attempt timeout 240 "$PY" -m pytest -q -m vllm tests/test_vllm_backend.py
+  fi
 fi
 
 if want memory; then
@@ -77,17 +84,20 @@ if want stages; then
   else  # SmolLM2-135M's sizes, random weights, the tokenizer trained on the games
     MODEL=(model=tiny model.hidden_size=576 model.num_layers=30 model.num_heads=9 model.intermediate_size=1536)
   fi
-  # 5 RL steps of 2 games x 2 rollouts after the SFT share of the budget
-  attempt "$PY" -m agentrecipe.cli compose-params experiment=babyai_micro "${MODEL[@]}" model.dtype=bfloat16 \
-    rollout=$([ $VLLM = 1 ] && echo vllm || echo hf) deepspeed=zero2 --output "$WORK/params.yaml"
+  # 5 RL steps of 2 games x 2 rollouts after the SFT share of the budget; the chain stops at a failing stage
   P=(--params "$WORK/params.yaml")
-  attempt timeout 120 "$PY" -m stages.build_envs "${P[@]}" --out "$WORK/envs"
-  attempt timeout 120 "$PY" -m stages.prepare_model "${P[@]}" --envs "$WORK/envs" --out "$WORK/models/base"
-  attempt timeout 60 "$PY" -m stages.gen_sft_data "${P[@]}" --envs "$WORK/envs" --model "$WORK/models/base" --out "$WORK/sft"
-  attempt timeout 180 "$PY" -m stages.sft "${P[@]}" --data "$WORK/sft/dataset" --model "$WORK/models/base" \
-    --out "$WORK/models/sft" --metrics "$WORK/metrics/sft"
-  attempt timeout 240 "$PY" -m stages.rl "${P[@]}" --envs "$WORK/envs" --model "$WORK/models/sft" --out "$WORK/models/rl" \
-    --checkpoints "$WORK/rl/checkpoints" --metrics "$WORK/metrics/rl"
+  run_stages() {
+    "$PY" -m agentrecipe.cli compose-params experiment=babyai_micro "${MODEL[@]}" model.dtype=bfloat16 \
+      rollout=$([ $VLLM = 1 ] && echo vllm || echo hf) deepspeed=zero2 --output "$WORK/params.yaml" &&
+    timeout 120 "$PY" -m stages.build_envs "${P[@]}" --out "$WORK/envs" &&
+    timeout 120 "$PY" -m stages.prepare_model "${P[@]}" --envs "$WORK/envs" --out "$WORK/models/base" &&
+    timeout 60 "$PY" -m stages.gen_sft_data "${P[@]}" --envs "$WORK/envs" --model "$WORK/models/base" --out "$WORK/sft" &&
+    timeout 180 "$PY" -m stages.sft "${P[@]}" --data "$WORK/sft/dataset" --model "$WORK/models/base" \
+      --out "$WORK/models/sft" --metrics "$WORK/metrics/sft" &&
+    timeout 240 "$PY" -m stages.rl "${P[@]}" --envs "$WORK/envs" --model "$WORK/models/sft" --out "$WORK/models/rl" \
+      --checkpoints "$WORK/rl/checkpoints" --metrics "$WORK/metrics/rl"
+  }
+  attempt run_stages
   "$PY" - "$WORK/metrics" <<'EOF' || true
 import json, sys
 for stage in ("sft", "rl"):

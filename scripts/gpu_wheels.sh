@@ -28,5 +28,10 @@ for name in $PACKAGES; do
       -d "$OUT" "$name==$version" 2>/dev/null ||
     DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$OUT" "$name==$version"
 done
+# a wheel built here for this Python's ABI would not install on the machine's 3.12
+if ls "$OUT"/*.whl | grep -v -E -e '-(py2\.)?py3-none-|-py312-none-|-cp312-|-abi3-'; then
+  echo "^ wheels for another Python than 3.12: remove them and find 3.12 builds" >&2
+  exit 1
+fi
 ls "$OUT" | wc -l
 du -sh "$OUT"

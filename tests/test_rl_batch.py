@@ -65,7 +65,8 @@ def play(model, tokenizer, pool, history: int, decoding: str, max_turns: int = 3
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_constrained_logprobs_on_a_gpu_match_the_cpu():
     """The packed pass builds its targets on the CPU and the logits live on the GPU: every index
-    must meet its tensor on one device (it did not, and every RL step on a GPU failed)."""
+    must meet its tensor on one device (it did not, and every RL policy pass on a GPU failed, with
+    free or admissible decoding)."""
     torch.manual_seed(0)
     logits, targets = torch.randn(4, 50), torch.tensor([3, 7, 8, 1])
     allowed = [[3, 4], None, [7, 8, 9], [1]]
