@@ -282,6 +282,10 @@ class DeepSpeedConfig:
     offload_optimizer: bool
     torch_adam: bool
     """Use torch's Adam instead of compiling DeepSpeed's fused op."""
+    gradient_checkpointing: bool
+    """Recompute each layer's activations in the backward pass instead of keeping them (the model's
+    own gradient checkpointing, non-reentrant; policy, critic and SFT): activation memory of about
+    one layer instead of all of them, for about one more forward per update."""
 
     def __post_init__(self) -> None:
         _check(self.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage", "must be 0, 1, 2 or 3")

@@ -1,4 +1,5 @@
-"""Peak memory of one RL minibatch (forward + backward of the clipped policy loss), dense vs packed.
+"""Peak memory of one RL minibatch (forward + backward of the clipped policy loss): dense, packed, packed
+with gradient checkpointing.
 
     .venv/bin/python bench/train_memory.py                 # SmolLM2-135M-sized, 4 x 1024 tokens
     .venv/bin/python bench/train_memory.py --layers 2      # quicker, same vocabulary
@@ -14,6 +15,8 @@ weights, nothing downloaded; `--layers` overrides the depth. The minibatch: `--r
             log-softmax over it, entropy with a graph (`token_logprobs`)
     packed: the trainer's pass now: hidden states gathered before the LM head (N, V), allowed
             sets as index lists, entropy without a graph (`policy_pass`)
+    recompute: the packed pass with deepspeed.gradient_checkpointing (each layer's activations
+            recomputed in backward: `enable_gradient_checkpointing`)
 
 Each variant runs in its own process; the figure is the growth of the peak resident set over
 the model's own footprint (CPU), or the CUDA peak allocated beyond the model's (GPU); a variant that runs out of GPU memory
@@ -31,6 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ("dense", "packed", "recompute")
 
 
 def model_config(name: str, layers: int | None):
@@ -91,6 +95,7 @@ def run_variant(args) -> dict:
 
     from agentrecipe.algos.losses import aggregate, policy_loss
     from agentrecipe.train.logprobs import token_logprobs
+    from agentrecipe.train.engine import enable_gradient_checkpointing
     from agentrecipe.train.rl import policy_pass
 
     torch.set_num_threads(args.threads)
@@ -102,6 +107,9 @@ def run_variant(args) -> dict:
     with device:
         model = AutoModelForCausalLM.from_config(model_config(args.model, args.layers))
     torch.set_default_dtype(torch.float32)
+    model.train()
+    if args.variant == "recompute":
+        enable_gradient_checkpointing(model)
     batch = make_batch(args.rows, args.tokens, args.actions, args.allowed, model.config.vocab_size)
     for name in ("input_ids", "attention_mask", "action_mask", "share", "rollout_logprobs"):
         setattr(batch, name, getattr(batch, name).to(device))
@@ -142,7 +150,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, help="default: the model's own depth (30, 28)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--variant", choices=["dense", "packed"], help="(internal) run one variant in this process")
+    p.add_argument("--variant", choices=VARIANTS, help="(internal) run one variant in this process")
     args = p.parse_args()
     if args.variant:
         print(json.dumps(run_variant(args)))
@@ -151,7 +159,7 @@ def main() -> None:
           f"{args.allowed} allowed ids each; {args.model} config, {args.layers or 'all'} layers, {args.dtype}")
     print(f"{'variant':8} {'device':6} {'peak growth MiB':>16} {'seconds':>8}")
     failed = []
-    for variant in ("dense", "packed"):
+    for variant in VARIANTS:
         cmd = [sys.executable, __file__, "--variant", variant] + [
             f"--{k}={getattr(args, k)}" for k in ("rows", "tokens", "actions", "allowed", "model", "dtype", "threads")
         ] + ([f"--layers={args.layers}"] if args.layers else [])

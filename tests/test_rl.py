@@ -193,6 +193,31 @@ def test_old_logprobs_are_the_rollouts_when_the_policy_sampled_them(policy_dir, 
         assert fast["perf/policy_forwarded_per_action_token"] < 0.75 * slow["perf/policy_forwarded_per_action_token"]
 
 
+def test_gradient_checkpointing_makes_the_same_ppo_updates(policy_dir, cue_pool, tmp_path, monkeypatch):
+    """deepspeed.gradient_checkpointing through the trainer: the actor's and the critic's engines
+    recompute their layers in backward, and two PPO steps log the losses of a run without it."""
+    from agentrecipe.train import engine
+
+    enabled = []
+    real = engine.enable_gradient_checkpointing
+    monkeypatch.setattr(engine, "enable_gradient_checkpointing", lambda m: (enabled.append(type(m).__name__), real(m)))
+    agent = AgentConfig(history=2, max_context=512)
+    rl = RLConfig(algo="ppo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=8, checkpoint_every=1000, seed=0)
+    logs = {}
+    for recompute in (False, True):
+        run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3),
+                    deepspeed=DeepSpeedConfig(gradient_checkpointing=recompute), dtype="float32", levels=["cue"],
+                    n_steps=2, checkpoint_dir=tmp_path / str(recompute), fingerprint=str(recompute))
+        logs[recompute] = []
+        rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
+                 log=lambda step, stats, r=recompute: logs[r].append(stats), progress=False)
+    assert sorted(enabled) == ["LlamaForCausalLM", "ValueModel"]
+    for plain, ckpt in zip(logs[False], logs[True], strict=True):
+        assert plain["rollout/success"] == ckpt["rollout/success"]  # the same episodes: the same weights before
+        for key in ("losses/policy", "losses/value"):
+            assert plain[key] == pytest.approx(ckpt[key], abs=1e-5), key
+
+
 def test_is_better_prefers_success_then_score_and_keeps_the_earlier_on_a_tie():
     from agentrecipe.train.checkpoint import is_better
 

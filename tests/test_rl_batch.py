@@ -2,6 +2,7 @@
 log-probs, entropies and values; truncated episodes carry their bootstrap state; loss weights
 per episode; multi-rank padding with zero-weight minibatches."""
 
+import copy
 import random
 
 import pytest
@@ -18,6 +19,7 @@ from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rollout.hf_backend import HFBackend
 from agentrecipe.train import rl as rl_mod
 from agentrecipe.train.critic import ValueModel
+from agentrecipe.train.engine import enable_gradient_checkpointing
 from agentrecipe.train.logprobs import constrained_logprobs, token_logprobs
 from agentrecipe.train.rl import bootstrap_pass, policy_pass, truncation_values, value_pass
 from agentrecipe.train.rl_batch import build_batch
@@ -107,6 +109,43 @@ def test_packed_passes_match_plain_sequences(model, tokenizer, walk_pool, histor
     with torch.no_grad():
         values, _ = value_pass(critic, batch, idx)
         assert torch.allclose(values, critic(batch.input_ids, batch.attention_mask) * mask, atol=1e-5)
+
+
+def _saved_bytes_and_grads(actor, critic, batch) -> tuple[int, list[torch.Tensor]]:
+    """Bytes autograd keeps for the backward of one policy + value loss, and the gradients."""
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    idx = list(range(batch.input_ids.shape[0]))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, _, _ = policy_pass(actor, batch, idx, 1.0)
+        values, _ = value_pass(critic, batch, idx)
+    (lp.sum() + values.square().sum()).backward()
+    return sum(saved), [p.grad for m in (actor, critic) for p in m.parameters()]
+
+
+def test_gradient_checkpointing_keeps_the_gradients_and_keeps_fewer_activations(model, tokenizer, walk_pool):
+    """deepspeed.gradient_checkpointing: the packed policy and value passes (tree masks, explicit
+    positions) give the same gradients with each layer recomputed in backward, and autograd keeps
+    less for it; a model without the feature is refused, naming the key."""
+    _, _, batch = play(model, tokenizer, walk_pool, 2, "admissible", max_turns=4)
+    runs = []
+    for recompute in (False, True):
+        actor = copy.deepcopy(model).train()
+        critic = ValueModel(copy.deepcopy(model.model), model.config.hidden_size).train()
+        torch.nn.init.normal_(critic.head.weight, generator=torch.Generator().manual_seed(0))  # the body gets a gradient
+        if recompute:
+            enable_gradient_checkpointing(actor)
+            enable_gradient_checkpointing(critic)
+        runs.append(_saved_bytes_and_grads(actor, critic, batch))
+    (plain_bytes, plain_grads), (ckpt_bytes, ckpt_grads) = runs
+    assert ckpt_bytes < 0.7 * plain_bytes, (plain_bytes, ckpt_bytes)
+    assert all(a is not None and torch.allclose(a, b, atol=1e-6) for a, b in zip(plain_grads, ckpt_grads))
+    with pytest.raises(ConfigError, match="deepspeed.gradient_checkpointing"):
+        enable_gradient_checkpointing(torch.nn.Linear(2, 2))
 
 
 def test_truncated_episodes_carry_the_state_after_their_last_action(model, tokenizer, walk_pool):

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from agentrecipe import dist
-from agentrecipe.config import DeepSpeedConfig
+from agentrecipe.config import ConfigError, DeepSpeedConfig
 
 
 def _free_port() -> int:
@@ -114,16 +114,35 @@ def warmup_linear_decay(warmup_steps: int, total_steps: int):
     return factor
 
 
-def make_engine(model: torch.nn.Module, config: dict, warmup_steps: int = 0, total_steps: int = 0):
-    """Wrap `model` in a DeepSpeed engine built from `config` (see ds_config), with a warmup/decay schedule."""
+def make_engine(model: torch.nn.Module, config: dict, warmup_steps: int = 0, total_steps: int = 0,
+                gradient_checkpointing: bool = False):
+    """Wrap `model` in a DeepSpeed engine built from `config` (see ds_config), with a warmup/decay schedule;
+    gradient_checkpointing: see `enable_gradient_checkpointing` (deepspeed.gradient_checkpointing)."""
     import deepspeed
 
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     init_distributed()
     params = [p for p in model.parameters() if p.requires_grad]
     factor = warmup_linear_decay(warmup_steps, total_steps)
     schedule = (lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, factor)) if warmup_steps or total_steps else None
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config, lr_scheduler=schedule)
     return engine
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Switch on the gradient checkpointing of the transformer in `model` (the causal LM itself, or the
+    critic's body): each layer's activations are recomputed in the backward pass instead of kept.
+    Non-reentrant (torch.utils.checkpoint with use_reentrant=False): correct under no_grad passes,
+    with inputs that need no gradient, and with RNG state restored for the recompute. Only training
+    mode recomputes; the rollouts' generation runs in eval mode with its KV cache as before."""
+    from transformers import PreTrainedModel
+
+    body = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+    if body is None or not body.supports_gradient_checkpointing:
+        raise ConfigError(f"deepspeed.gradient_checkpointing: {type(body or model).__name__} does not support "
+                          "gradient checkpointing")
+    body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def unwrap(engine) -> torch.nn.Module:

@@ -272,10 +272,13 @@ def rl_train(
     encoder = PromptEncoder(tokenizer, run.agent.show_admissible, run.agent.history)
     vocab = unwrap(model).get_output_embeddings().weight.shape[0]
     mb = rl.minibatch_size
-    actor = make_engine(model, ds_config(run.deepspeed, DTYPES[run.dtype], rl.lr, mb, rl.max_grad_norm))
+    recompute = run.deepspeed.gradient_checkpointing
+    actor = make_engine(model, ds_config(run.deepspeed, DTYPES[run.dtype], rl.lr, mb, rl.max_grad_norm),
+                        gradient_checkpointing=recompute)
     critic = None
     if rl.algo == "ppo":
-        critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, DTYPES[run.dtype], rl.critic_lr, mb, rl.max_grad_norm))
+        critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, DTYPES[run.dtype], rl.critic_lr, mb, rl.max_grad_norm),
+                             gradient_checkpointing=recompute)
     ref = None
     if rl.kl_coef > 0:
         ref, _ = load_model(policy_dir, DTYPES[run.dtype])

@@ -60,7 +60,7 @@ def sft_train(
     total_steps = steps_per_epoch * cfg.epochs
     engine = make_engine(
         model, ds_config(ds, next(model.parameters()).dtype, cfg.lr, max(1, cfg.batch_size // world), cfg.max_grad_norm, cfg.weight_decay),
-        warmup_steps=cfg.warmup_steps, total_steps=total_steps,
+        warmup_steps=cfg.warmup_steps, total_steps=total_steps, gradient_checkpointing=ds.gradient_checkpointing,
     )
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
