@@ -194,24 +194,39 @@ def test_old_logprobs_are_the_rollouts_when_the_policy_sampled_them(policy_dir, 
 
 
 def test_gradient_checkpointing_makes_the_same_ppo_updates(policy_dir, cue_pool, tmp_path, monkeypatch):
-    """deepspeed.gradient_checkpointing through the trainer: the actor's and the critic's engines
-    recompute their layers in backward, and two PPO steps log the losses of a run without it."""
-    from agentrecipe.train import engine
+    """deepspeed.gradient_checkpointing through the trainer: the policy's and the critic's update passes
+    recompute their layers in backward (autograd keeps far fewer bytes for them), and two PPO steps
+    log the losses of a run without it."""
+    from agentrecipe.train import rl as rl_mod
 
-    enabled = []
-    real = engine.enable_gradient_checkpointing
-    monkeypatch.setattr(engine, "enable_gradient_checkpointing", lambda m: (enabled.append(type(m).__name__), real(m)))
+    kept = {}  # bytes autograd keeps for the update passes (the ones with a gradient), per run
+
+    def counted(fn, run):
+        def wrapper(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                return fn(*args, **kwargs)
+
+            def pack(t):
+                kept[run] = kept.get(run, 0) + t.numel() * t.element_size()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                return fn(*args, **kwargs)
+        return wrapper
+
     agent = AgentConfig(history=2, max_context=512)
     rl = RLConfig(algo="ppo", lr=3e-3, group_size=4, games_per_step=4, minibatch_size=8, checkpoint_every=1000, seed=0)
-    logs = {}
+    logs, passes = {}, (rl_mod.policy_pass, rl_mod.value_pass)
     for recompute in (False, True):
+        monkeypatch.setattr(rl_mod, "policy_pass", counted(passes[0], recompute))
+        monkeypatch.setattr(rl_mod, "value_pass", counted(passes[1], recompute))
         run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3),
                     deepspeed=DeepSpeedConfig(gradient_checkpointing=recompute), dtype="float32", levels=["cue"],
                     n_steps=2, checkpoint_dir=tmp_path / str(recompute), fingerprint=str(recompute))
         logs[recompute] = []
         rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
                  log=lambda step, stats, r=recompute: logs[r].append(stats), progress=False)
-    assert sorted(enabled) == ["LlamaForCausalLM", "ValueModel"]
+    assert kept[True] < 0.5 * kept[False], kept
     for plain, ckpt in zip(logs[False], logs[True], strict=True):
         assert plain["rollout/success"] == ckpt["rollout/success"]  # the same episodes: the same weights before
         for key in ("losses/policy", "losses/value"):

@@ -19,7 +19,7 @@ from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rollout.hf_backend import HFBackend
 from agentrecipe.train import rl as rl_mod
 from agentrecipe.train.critic import ValueModel
-from agentrecipe.train.engine import enable_gradient_checkpointing
+from agentrecipe.train.engine import enable_gradient_checkpointing, train_without_dropout
 from agentrecipe.train.logprobs import constrained_logprobs, token_logprobs
 from agentrecipe.train.rl import bootstrap_pass, policy_pass, truncation_values, value_pass
 from agentrecipe.train.rl_batch import build_batch
@@ -146,6 +146,23 @@ def test_gradient_checkpointing_keeps_the_gradients_and_keeps_fewer_activations(
     assert all(a is not None and torch.allclose(a, b, atol=1e-6) for a, b in zip(plain_grads, ckpt_grads))
     with pytest.raises(ConfigError, match="deepspeed.gradient_checkpointing"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))
+
+
+def test_training_mode_without_dropout_computes_what_eval_mode_does():
+    """The RL trainer's passes run in training mode under gradient checkpointing: a model with
+    attention and hidden dropout then gives the eval-mode logits (rollout, old and new log-probs agree)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 40, (2, 12))
+    for model in (LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, attention_dropout=0.5)),
+                  GPT2LMHeadModel(GPT2Config(vocab_size=40, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.5,
+                                             embd_pdrop=0.5, attn_pdrop=0.5))):
+        with torch.no_grad():
+            want = model.eval()(ids).logits
+            assert not torch.allclose(model.train()(ids).logits, want)  # dropout on
+            assert torch.allclose(train_without_dropout(model)(ids).logits, want, atol=1e-6) and model.training
 
 
 def test_truncated_episodes_carry_the_state_after_their_last_action(model, tokenizer, walk_pool):

@@ -134,8 +134,9 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Switch on the gradient checkpointing of the transformer in `model` (the causal LM itself, or the
     critic's body): each layer's activations are recomputed in the backward pass instead of kept.
     Non-reentrant (torch.utils.checkpoint with use_reentrant=False): correct under no_grad passes,
-    with inputs that need no gradient, and with RNG state restored for the recompute. Only training
-    mode recomputes; the rollouts' generation runs in eval mode with its KV cache as before."""
+    with inputs that need no gradient, and with RNG state restored for the recompute. Only a module
+    in training mode recomputes (the RL trainer, whose passes otherwise run in eval mode, switches
+    to `train_without_dropout`); generation runs in eval mode with its KV cache as before."""
     from transformers import PreTrainedModel
 
     body = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
@@ -143,6 +144,19 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         raise ConfigError(f"deepspeed.gradient_checkpointing: {type(body or model).__name__} does not support "
                           "gradient checkpointing")
     body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def train_without_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Training mode with every dropout at 0: HF's gradient checkpointing recomputes only in training
+    mode, and the RL trainer's passes must compute what they compute in eval mode (the rollouts'
+    log-probs, the old ones and the update's agree). Zeroes every nn.Dropout and every float
+    `*dropout` attribute (the rate an attention module applies in training mode)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name in [n for n, v in vars(module).items() if n.endswith("dropout") and isinstance(v, float)]:
+            setattr(module, name, 0.0)
+    return model.train()
 
 
 def unwrap(engine) -> torch.nn.Module:

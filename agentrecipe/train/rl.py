@@ -49,7 +49,7 @@ from agentrecipe.train.checkpoint import (full_state_dict, is_better, latest_che
 from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.dynamic_sampling import dynamic_sampling
-from agentrecipe.train.engine import ds_config, make_engine, unwrap
+from agentrecipe.train.engine import ds_config, make_engine, train_without_dropout, unwrap
 from agentrecipe.train.logprobs import constrained_logprobs, lm_logits_at, pack
 from agentrecipe.train.rl_batch import RLBatch, build_batch
 from agentrecipe.train.validation import is_validation_step, validation_stats
@@ -279,6 +279,9 @@ def rl_train(
     if rl.algo == "ppo":
         critic = make_engine(ValueModel.from_pretrained(policy_dir), ds_config(run.deepspeed, DTYPES[run.dtype], rl.critic_lr, mb, rl.max_grad_norm),
                              gradient_checkpointing=recompute)
+    if recompute:  # checkpointing recomputes only in training mode; eval mode otherwise (as from_pretrained leaves it)
+        for engine in (actor, critic) if critic is not None else (actor,):
+            train_without_dropout(engine)
     ref = None
     if rl.kl_coef > 0:
         ref, _ = load_model(policy_dir, DTYPES[run.dtype])
