@@ -202,7 +202,7 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         f"{f' over {len(runs)} runs' if len(runs) > 1 else ''} "
         f"({run['points']} experiments, {run['succeeded']} succeeded{'; not run or failed: ' + ', '.join(failed) if failed else ''})",
         f"- machine: {_by_run(_runs_by(runs, 'machine'))}",
-        f"- {len(summary)} settings x {n_seeds} seeds; in-domain test episodes per experiment: {', '.join(games) or '–'} "
+        f"- {len(summary)} settings x {n_seeds} seed{'s' if n_seeds != 1 else ''}; in-domain test episodes per experiment: {', '.join(games) or '–'} "
         "(greedy, one per test game); every setting uses the same params except the swept keys",
         "", "## RL policy (greedy success, %)", "",
         "Mean of the seeds with Student's t 95% interval (training noise and, where each seed has its own "
