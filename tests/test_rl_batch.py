@@ -24,6 +24,7 @@ from agentrecipe.train.logprobs import constrained_logprobs, token_logprobs
 from agentrecipe.train.rl import bootstrap_pass, policy_pass, truncation_values, value_pass
 from agentrecipe.train.rl_batch import build_batch
 from tests import walk_env
+from tests.saved_bytes import SavedBytes
 
 torch.set_num_threads(1)
 GAMES = walk_env.build_games("walk", "train", list(range(8)), "", {})  # 1, 2, 3, 4, 1, 2, 3, 4 turns to win
@@ -113,18 +114,12 @@ def test_packed_passes_match_plain_sequences(model, tokenizer, walk_pool, histor
 
 def _saved_bytes_and_grads(actor, critic, batch) -> tuple[int, list[torch.Tensor]]:
     """Bytes autograd keeps for the backward of one policy + value loss, and the gradients."""
-    saved = []
-
-    def pack(t):
-        saved.append(t.numel() * t.element_size())
-        return t
-
     idx = list(range(batch.input_ids.shape[0]))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes() as saved:
         lp, _, _ = policy_pass(actor, batch, idx, 1.0)
         values, _ = value_pass(critic, batch, idx)
     (lp.sum() + values.square().sum()).backward()
-    return sum(saved), [p.grad for m in (actor, critic) for p in m.parameters()]
+    return saved.total, [p.grad for m in (actor, critic) for p in m.parameters()]
 
 
 def test_gradient_checkpointing_keeps_the_gradients_and_keeps_fewer_activations(model, tokenizer, walk_pool):
