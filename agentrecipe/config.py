@@ -382,6 +382,9 @@ class RLConfig:
     """Cap on the extra games (each group_size rollouts) one step may play for dynamic sampling."""
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
     max_grad_norm: float
+    target_kl: float | None
+    """Early stop of a step's updates (CleanRL, Spinning Up): once a minibatch's approx_kl against the
+    rollout policy passes this, the step takes no further minibatches (policy and critic). null: off."""
     skip_zero_gradient_steps: bool
     """No policy optimizer step on a minibatch whose loss has no gradient (every advantage 0, no KL or
     entropy term): Adam's momentum would move the weights anyway. false: the step is taken, as before 992e491."""
@@ -415,6 +418,7 @@ class RLConfig:
         _check(self.minibatch_size >= 1, "rl.minibatch_size", "must be >= 1")
         _check(self.update_epochs >= 1, "rl.update_epochs", "must be >= 1")
         _check(self.clip_eps > 0, "rl.clip_eps", "must be > 0")
+        _check(self.target_kl is None or self.target_kl > 0, "rl.target_kl", "must be > 0, or null for no early stop")
         _check(not (self.algo == "ppo" and self.turn_level_returns), "rl.turn_level_returns",
                "is for group methods and REINFORCE++; PPO's GAE already assigns credit per token")
         _check(not (self.algo == "gigpo" and self.turn_level_returns), "rl.turn_level_returns",

@@ -5,7 +5,8 @@
 Rank 0 plays one-turn games, rank 1 four-turn games cut at three turns (so the ranks hold
 different numbers of training sequences), and at step 2 every reset on rank 1 fails (it has no
 batch at all that step). PPO with a critic, a reference model (KL loss) and two update epochs,
-so every kind of pass runs. Each rank saves its gathered actor and critic weights as
+so every kind of pass runs; --target-kl adds the early stop, which every rank must take at the
+same minibatch. Each rank saves its gathered actor and critic weights as
 OUT/rank{R}.pt.
 """
 
@@ -49,6 +50,8 @@ def main() -> None:
     p.add_argument("--policy", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--zero-stage", type=int, default=0)
+    p.add_argument("--target-kl", type=float, default=None, help="rl.target_kl (the ranks stop at different minibatches)")
+    p.add_argument("--update-epochs", type=int, default=2)
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
@@ -56,7 +59,7 @@ def main() -> None:
     seeds = [0, 4, 8, 12] if rank == 0 else [3, 7, 11, 15]  # 1 turn to win / 4 turns (truncated at 3)
     games = walk_env.build_games("walk", "train", seeds, "", {})
     rl = RLConfig(algo="ppo", lr=1e-2, critic_lr=1e-2, group_size=1, games_per_step=2, minibatch_size=2,
-                  update_epochs=2, kl_coef=0.05, checkpoint_every=1000, seed=0)
+                  update_epochs=args.update_epochs, kl_coef=0.05, checkpoint_every=1000, seed=0, target_kl=args.target_kl)
     run = RLRun(rl=rl, reward=RewardConfig(step_penalty=0.1), agent=AgentConfig(history=2, max_action_tokens=6),
                 rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=args.zero_stage), dtype="float32",
                 levels=["walk"], n_steps=3, checkpoint_dir=Path(args.out) / f"ckpt{rank}", fingerprint="mp")
@@ -66,8 +69,10 @@ def main() -> None:
                                lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
                                log=lambda step, stats: log.append(stats), progress=False)
     state = full_state_dict(actor)  # every rank takes part (ZeRO-3 gathers)
-    torch.save({"actor": state, "failed": [s["rollout/failed_episodes"] for s in log]}, Path(args.out) / f"rank{rank}.pt")
-    print(f"rank {rank}: zero {args.zero_stage}, failed episodes per step {[s['rollout/failed_episodes'] for s in log]}",
+    torch.save({"actor": state, "failed": [s["rollout/failed_episodes"] for s in log],
+                "early_stopped": [s["losses/early_stopped"] for s in log]}, Path(args.out) / f"rank{rank}.pt")
+    print(f"rank {rank}: zero {args.zero_stage}, failed episodes per step {[s['rollout/failed_episodes'] for s in log]}, "
+          f"approx_kl {[s.get('losses/approx_kl') for s in log]}, early stopped {[s['losses/early_stopped'] for s in log]}",
           flush=True)
 
 

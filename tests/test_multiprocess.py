@@ -102,10 +102,12 @@ RL_DRIVER = ROOT / "tests" / "mp_rl_driver.py"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [0, 3])
-def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage):
+@pytest.mark.parametrize("zero_stage,target_kl", [(0, None), (3, None), (3, 1e-6)])
+def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage, target_kl):
     """Ranks with different sequence counts, one of them without any batch in step 2: no rank
-    waits forever on a collective (the run ends within the timeout) and both end identical."""
+    waits forever on a collective (the run ends within the timeout) and both end identical. With
+    rl.target_kl (3 epochs: rank 0 has one minibatch an epoch) each rank measures its own minibatches'
+    approx_kl and all stop together."""
     from agentrecipe.agent.prompt import user_text
     from agentrecipe.config import ModelConfig
     from agentrecipe.models.registry import build_tiny
@@ -122,10 +124,12 @@ def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage):
     policy = tmp_path / "policy"
     model.save_pretrained(policy)
     tokenizer.save_pretrained(policy)
-    res = torchrun([str(RL_DRIVER), "--policy", str(policy), "--out", str(tmp_path), "--zero-stage", str(zero_stage)],
-                   ROOT, timeout=420)
+    res = torchrun([str(RL_DRIVER), "--policy", str(policy), "--out", str(tmp_path), "--zero-stage", str(zero_stage),
+                    *(["--target-kl", str(target_kl), "--update-epochs", "3"] if target_kl else [])], ROOT, timeout=420)
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert r1["failed"] == [0.0, 2.0, 0.0] and r0["failed"] == [0.0, 0.0, 0.0], res.stdout
+    assert r0["early_stopped"] == r1["early_stopped"], res.stdout  # the same minibatches on both ranks
+    assert (max(r0["early_stopped"]) > 0) == (target_kl is not None), res.stdout
     init = model.state_dict()
     for k in r0["actor"]:
         assert torch.equal(r0["actor"][k], r1["actor"][k]), f"rank weights differ at {k}"

@@ -151,6 +151,43 @@ def test_a_minibatch_without_gradient_takes_no_optimizer_step(skip, policy_dir, 
         assert moved(weights[2], weights[3]) and moved(weights[4], weights[5])
 
 
+def test_target_kl_stops_a_steps_updates_once_a_minibatch_passes_it(policy_dir, cue_pool, tmp_path):
+    """Two PPO epochs of several minibatches at a large lr: without target_kl every planned minibatch
+    steps; with it, a step stops after the first minibatch whose approx_kl (before its own optimizer
+    step) passes target_kl, and the policy moves less."""
+    agent = AgentConfig(history=2, max_context=512)
+    logs, weights = {}, {}
+    for target in (None, 0.02):
+        rl = RLConfig(algo="ppo", lr=3e-3, group_size=1, games_per_step=8, update_epochs=2, minibatch_size=4,
+                      checkpoint_every=1000, seed=0, target_kl=target)
+        run = RLRun(rl=rl, reward=RewardConfig(), agent=agent, rollout=RolloutConfig(max_turns=3),
+                    deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=1,
+                    checkpoint_dir=tmp_path / str(target), fingerprint=f"target-kl-{target}")
+        policy, log = [], []
+
+        def make_backend(model, tok, policy=policy):
+            policy.append((model, [p.detach().clone() for p in model.parameters()]))
+            return HFBackend(model, tok.pad_token_id, tok.eos_token_id)
+
+        rl_train(policy_dir, GAMES, run, cue_pool, make_backend, log=lambda step, stats, log=log: log.append(stats),
+                 progress=False)
+        (model, start), = policy
+        logs[target] = log[0]
+        weights[target] = sum(float((p.detach() - s).norm() ** 2) for p, s in zip(model.parameters(), start)) ** 0.5
+    full, stopped = logs[None], logs[0.02]
+    assert full["losses/early_stopped"] == 0.0 and full["losses/approx_kl"] > 0.02  # lr 3e-3 moves it far
+    assert 0.0 < stopped["losses/early_stopped"] < 1.0  # the first minibatch always steps
+    assert 0.0 < weights[0.02] < weights[None]
+
+
+def test_target_kl_must_be_positive_or_null():
+    from agentrecipe.config import ConfigError
+
+    assert RLConfig(algo="ppo", target_kl=None).target_kl is None
+    with pytest.raises(ConfigError, match="rl.target_kl"):
+        RLConfig(algo="ppo", target_kl=0.0)
+
+
 def test_has_gradient_needs_a_nonzero_advantage_at_an_action_token_or_a_kl_or_entropy_term():
     from agentrecipe.train.rl import has_gradient
 

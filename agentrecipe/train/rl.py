@@ -411,9 +411,17 @@ def rl_train(
         t4 = time.time()
         # 6. updates
         sums: dict[str, list[float]] = {}
-        skipped = 0
+        skipped = taken = 0
+        kl_passed = False  # this rank's last minibatch measured approx_kl > rl.target_kl
         for epoch in range(rl.update_epochs):
+            if rl.target_kl is not None and _sync_max(int(kl_passed), actor.device):
+                break
             for k, sel in enumerate(plan[epoch]):
+                # the early stop is every rank's (one more collective a minibatch), decided before any
+                # forward so that each rank runs the same forwards and backwards
+                if rl.target_kl is not None and k > 0 and _sync_max(int(kl_passed), actor.device):
+                    break
+                taken += 1
                 # the policy steps unless no rank's minibatch has a gradient (then no rank steps: the
                 # same collectives everywhere); the critic's value loss always has one
                 local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
@@ -440,6 +448,7 @@ def rl_train(
                 if epoch == 0 and k == 0 and from_rollout:
                     checked = (new_lp.detach(), sel)
                 pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg, share)
+                kl_passed = rl.target_kl is not None and float(pg_stats["approx_kl"]) > rl.target_kl
                 entropy_loss = aggregate(entropy, m, rl.loss_agg, share)
                 kl_loss = torch.zeros(())
                 if ref_lp is not None and not rl.kl_in_reward:
@@ -464,6 +473,7 @@ def rl_train(
         t5 = time.time()
         stats.update({k: sum(v) / len(v) for k, v in sums.items()})
         stats["losses/skipped_steps"] = skipped / max(1, sum(len(p) for p in plan))
+        stats["losses/early_stopped"] = 1.0 - taken / max(1, sum(len(p) for p in plan))
         if batch is not None:
             if checked[1]:  # every sequence when recomputed, else the first minibatch (its update pass)
                 trainer_lp, seqs = checked  # row j of trainer_lp is sequence seqs[j]
