@@ -70,6 +70,15 @@ def swept_keys(points: list[list[str]]) -> list[str]:
     return [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
 
 
+def result_keys(points: list[list[str]]) -> list[str]:
+    """The columns of the results that say what each point set: the swept keys, and `seed` where every
+    point sets it even if to one value (a one-seed sweep, e.g. `seed=0`), so that its rows are summed up
+    like a seed axis's (one seed per setting) and a finding page can be written from them."""
+    keys = swept_keys(points)
+    fixed_seed = all(seeds.SEED_KEY in dict(o.partition("=")[::2] for o in p) for p in points)
+    return keys if seeds.SEED_KEY in keys or not fixed_seed else [*keys, seeds.SEED_KEY]
+
+
 def point_names(points: list[list[str]]) -> list[str]:
     """`key-value` of each swept override the point has, joined by `_` (`rl-ppo_reward-dense`; every
     override when nothing differs): a key's last dotted part, a value's characters outside
@@ -234,7 +243,7 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     """Each point's state and metrics from `dvc exp show --json`: results.csv (every metric),
     results.png, a table artifact (swept values, RL results, the error last) and the table in the log."""
     by_name = {r["name"]: r for r in compare.experiments(compare.exp_show(project))}
-    swept = swept_keys(list(points.values()))
+    swept = result_keys(list(points.values()))
     rows = []
     for name, overrides in points.items():
         rec = by_name.get(name, {"state": "missing", "metrics": {}, "log": None})

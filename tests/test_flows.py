@@ -40,6 +40,15 @@ def test_points_run_seed_by_seed():
     assert seed_major([["a=1"], ["a=2"]]) == [["a=1"], ["a=2"]]  # no seed axis: as expanded
 
 
+def test_results_record_the_seed_of_a_one_seed_sweep():
+    from flows.sweep import result_keys
+
+    assert result_keys(expand([["a=1,2", "seed=0,1"]])) == ["a", "seed"]
+    assert result_keys(expand([["a=1,2", "seed=0"]])) == ["a", "seed"]  # summed up as one seed per setting
+    assert result_keys(expand([["a=1,2"]])) == ["a"]  # no seed set: nothing to sum up
+    assert result_keys(expand([["a=1", "seed=0"], ["a=2"]])) == ["a", "seed"]  # seed differs (set vs unset)
+
+
 def test_points_are_named_after_the_values_they_sweep():
     points = expand([["env=dense", "rl=ppo,reinforce_pp", "reward=sparse,dense"], ["rl=rloo"]])
     assert swept_keys(points) == ["env", "rl", "reward"]  # env is missing from the last point
