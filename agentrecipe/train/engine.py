@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -69,9 +70,30 @@ def init_distributed() -> None:
         atexit.register(_destroy_process_group)
 
 
+EXIT_BARRIER_S = 120
+
+
 def _destroy_process_group() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """Every rank waits for the others before tearing its group down: with the destroy alone, a rank
+    that finished first closed its gloo connections while a slower one still held its own, and the
+    slower one sometimes aborted at exit after finishing its work (CI, twice, a 2-rank ZeRO-3 test:
+    "terminate called without an active exception"). A peer that is gone (it crashed: the launcher
+    stops the others anyway) costs at most EXIT_BARRIER_S here, not gloo's 30-minute default; a rank
+    dying of an uncaught exception skips the wait."""
+    if not torch.distributed.is_initialized():
+        return
+    dying = hasattr(sys, "last_value")  # an uncaught exception: the others are not coming, exit at once
+    if torch.distributed.get_world_size() > 1 and not dying:
+        from datetime import timedelta
+
+        try:
+            if torch.distributed.get_backend() == "gloo":
+                torch.distributed.monitored_barrier(timeout=timedelta(seconds=EXIT_BARRIER_S))
+            else:
+                torch.distributed.barrier()
+        except RuntimeError as e:  # a peer that never arrives: tear down anyway, and say so
+            print(f"exit barrier: {e}", flush=True)
+    torch.distributed.destroy_process_group()
 
 
 def ds_config(ds: DeepSpeedConfig, dtype: torch.dtype, lr: float, micro_batch: int, max_grad_norm: float,
