@@ -17,41 +17,41 @@ changes (`dvc exp apply` would). The same curves are drawn by `dvc plots diff EX
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import subprocess
 from pathlib import Path
 
 import torch
 import yaml
-from safetensors.torch import load
+from safetensors.torch import load_file
+
+from agentrecipe.report.plots import read_tsv
 
 
 def git(project: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(project), *args], capture_output=True, text=True, check=True).stdout
 
 
-def cached(project: Path, md5: str) -> bytes:
-    return (project / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]).read_bytes()
+def cached(project: Path, md5: str) -> Path:
+    """A file in the project's DVC cache (content-addressed: the file itself, under its md5)."""
+    return project / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]
 
 
 def dir_files(project: Path, md5: str) -> dict[str, str]:
     """relpath -> md5 of a DVC-tracked folder (its .dir manifest)."""
-    return {f["relpath"]: f["md5"] for f in json.loads(cached(project, md5))}
+    return {f["relpath"]: f["md5"] for f in json.loads(cached(project, md5).read_bytes())}
 
 
 def series(project: Path, metrics_md5: str, key: str) -> list[float]:
     """One DVCLive metric (e.g. losses/approx_kl) by step, from data/metrics/rl's TSV."""
     files = dir_files(project, metrics_md5)
     path = next(p for p in files if p.endswith(f"metrics/{key}.tsv"))
-    rows = csv.DictReader(io.StringIO(cached(project, files[path]).decode()), delimiter="\t")
-    return [float(r[key.rsplit("/", 1)[-1]]) for r in sorted(rows, key=lambda r: int(r["step"]))]
+    return read_tsv(cached(project, files[path]))[1]
 
 
 def weight_change(project: Path, sft_md5: str, rl_md5: str) -> float:
-    a = load(cached(project, dir_files(project, sft_md5)["model.safetensors"]))
-    b = load(cached(project, dir_files(project, rl_md5)["model.safetensors"]))
+    a = load_file(cached(project, dir_files(project, sft_md5)["model.safetensors"]))
+    b = load_file(cached(project, dir_files(project, rl_md5)["model.safetensors"]))
     num = sum(float(((b[k].float() - a[k].float()) ** 2).sum()) for k in a)
     den = sum(float((a[k].float() ** 2).sum()) for k in a)
     return (num / den) ** 0.5

@@ -413,67 +413,65 @@ def rl_train(
         sums: dict[str, list[float]] = {}
         skipped = taken = 0
         kl_passed = False  # this rank's last minibatch measured approx_kl > rl.target_kl
-        for epoch in range(rl.update_epochs):
-            if rl.target_kl is not None and _sync_max(int(kl_passed), actor.device):
+        minibatches = [(epoch, k, sel) for epoch in range(rl.update_epochs) for k, sel in enumerate(plan[epoch])]
+        for epoch, k, sel in minibatches:
+            # the early stop is every rank's (one more collective a minibatch), decided before any
+            # forward so that each rank runs the same forwards and backwards
+            if rl.target_kl is not None and taken > 0 and _sync_max(int(kl_passed), actor.device):
                 break
-            for k, sel in enumerate(plan[epoch]):
-                # the early stop is every rank's (one more collective a minibatch), decided before any
-                # forward so that each rank runs the same forwards and backwards
-                if rl.target_kl is not None and k > 0 and _sync_max(int(kl_passed), actor.device):
-                    break
-                taken += 1
-                # the policy steps unless no rank's minibatch has a gradient (then no rank steps: the
-                # same collectives everywhere); the critic's value loss always has one
-                local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
-                update = not rl.skip_zero_gradient_steps or bool(_sync_max(int(local), actor.device))
-                skipped += not update
-                if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
-                    if update:
-                        actor.backward(_dummy_policy_loss(actor))
-                        actor.step()
-                    else:
-                        with torch.no_grad():
-                            _dummy_policy_loss(actor)  # the forward its peers' forwards gather with
-                    if critic is not None:
-                        critic.backward(_dummy_value_loss(critic))
-                        critic.step()
-                    continue
-                m, share = mask[sel], batch.share[sel]
-                with torch.set_grad_enabled(update):
-                    new_lp, entropy, fwd = policy_pass(actor, batch, sel, temperature, with_entropy=True,
-                                                       entropy_grad=rl.entropy_coef != 0)
-                forwarded["policy"] += fwd
-                if epoch == 0 and k == 0 and reuse:
-                    old_lp[sel] = new_lp.detach()
-                if epoch == 0 and k == 0 and from_rollout:
-                    checked = (new_lp.detach(), sel)
-                pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg, share)
-                kl_passed = rl.target_kl is not None and float(pg_stats["approx_kl"]) > rl.target_kl
-                entropy_loss = aggregate(entropy, m, rl.loss_agg, share)
-                kl_loss = torch.zeros(())
-                if ref_lp is not None and not rl.kl_in_reward:
-                    kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg, share)
-                loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
+            taken += 1
+            # the policy steps unless no rank's minibatch has a gradient (then no rank steps: the
+            # same collectives everywhere); the critic's value loss always has one
+            local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
+            update = not rl.skip_zero_gradient_steps or bool(_sync_max(int(local), actor.device))
+            skipped += not update
+            if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
                 if update:
-                    actor.backward(loss)
+                    actor.backward(_dummy_policy_loss(actor))
                     actor.step()
-                mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
-                            "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
+                else:
+                    with torch.no_grad():
+                        _dummy_policy_loss(actor)  # the forward its peers' forwards gather with
                 if critic is not None:
-                    new_values, fwd = value_pass(critic, batch, sel)
-                    forwarded["critic"] += fwd
-                    v_loss, v_stats = value_loss(new_values, old_values[sel], value_targets[sel], m, rl.value_clip,
-                                                 rl.loss_agg, share)
-                    critic.backward(rl.vf_coef * v_loss)
+                    critic.backward(_dummy_value_loss(critic))
                     critic.step()
-                    mb_stats["losses/value"] = v_loss.item()
-                    mb_stats.update({f"losses/{k}": float(v) for k, v in v_stats.items()})
-                for key, v in mb_stats.items():
-                    sums.setdefault(key, []).append(v)
+                continue
+            m, share = mask[sel], batch.share[sel]
+            with torch.set_grad_enabled(update):
+                new_lp, entropy, fwd = policy_pass(actor, batch, sel, temperature, with_entropy=True,
+                                                   entropy_grad=rl.entropy_coef != 0)
+            forwarded["policy"] += fwd
+            if epoch == 0 and k == 0 and reuse:
+                old_lp[sel] = new_lp.detach()
+            if epoch == 0 and k == 0 and from_rollout:
+                checked = (new_lp.detach(), sel)
+            pg_loss, pg_stats = policy_loss(new_lp, old_lp[sel], advantages[sel], m, rl.clip_eps, rl.loss_agg, share)
+            kl_passed = rl.target_kl is not None and float(pg_stats["approx_kl"]) > rl.target_kl
+            entropy_loss = aggregate(entropy, m, rl.loss_agg, share)
+            kl_loss = torch.zeros(())
+            if ref_lp is not None and not rl.kl_in_reward:
+                kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg, share)
+            loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
+            if update:
+                actor.backward(loss)
+                actor.step()
+            mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
+                        "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
+            if critic is not None:
+                new_values, fwd = value_pass(critic, batch, sel)
+                forwarded["critic"] += fwd
+                v_loss, v_stats = value_loss(new_values, old_values[sel], value_targets[sel], m, rl.value_clip,
+                                             rl.loss_agg, share)
+                critic.backward(rl.vf_coef * v_loss)
+                critic.step()
+                mb_stats["losses/value"] = v_loss.item()
+                mb_stats.update({f"losses/{k}": float(v) for k, v in v_stats.items()})
+            for key, v in mb_stats.items():
+                sums.setdefault(key, []).append(v)
         t5 = time.time()
         stats.update({k: sum(v) / len(v) for k, v in sums.items()})
-        stats["losses/skipped_steps"] = skipped / max(1, sum(len(p) for p in plan))
-        stats["losses/early_stopped"] = 1.0 - taken / max(1, sum(len(p) for p in plan))
+        stats["losses/skipped_steps"] = skipped / max(1, len(minibatches))
+        stats["losses/early_stopped"] = 1.0 - taken / max(1, len(minibatches))
         if batch is not None:
             if checked[1]:  # every sequence when recomputed, else the first minibatch (its update pass)
                 trainer_lp, seqs = checked  # row j of trainer_lp is sequence seqs[j]
