@@ -403,9 +403,14 @@ def command_line(preset: str | None, overrides: list[str] | None, jobs: int, nam
 
 
 def machine() -> str:
-    """Cores, memory and platform of this machine, in a line."""
+    """Cores, memory, platform and torch's CPU kernels (AVX2, AVX512, ...) of this machine, in a line.
+    Two RL runs of one seed on one machine give the same weights (tests/test_rl.py); the same point
+    rerun on another host won one test game more or less (docs/results/algo_x_reward.md)."""
+    import torch
+
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, {platform.platform()}, Python {platform.python_version()}"
+    return (f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, {platform.platform()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})")
 
 
 def write_run_record(folder: Path, record: dict[str, Any], keep_earlier: bool = False) -> None:

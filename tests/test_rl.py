@@ -275,3 +275,24 @@ def test_is_better_prefers_success_then_score_and_keeps_the_earlier_on_a_tie():
     assert not is_better({"valid/success": 0.5, "valid/score": 0.6}, best)
     assert not is_better({"valid/success": 0.4, "valid/score": 1.0}, best)
     assert is_better({"valid/success": 0.0, "valid/score": 0.0}, None)
+
+
+def test_one_seed_gives_the_same_weights_twice_and_another_seed_other_weights(policy_dir, monkeypatch, tmp_path):
+    """A sweep's `seed` axis stands for one run per seed: rerunning a seed on one machine (PPO, with
+    its critic, environments in two worker processes) reproduces every weight bit for bit."""
+    monkeypatch.setitem(registry.FAMILIES, "cue", "tests.cue_env")
+
+    def weights(seed: int, name: str) -> list[torch.Tensor]:
+        rl = RLConfig(algo="ppo", lr=3e-3, critic_lr=3e-3, group_size=1, games_per_step=8, minibatch_size=4,
+                      update_epochs=2, whiten_advantages=True, checkpoint_every=1000, seed=seed)
+        run = RLRun(rl=rl, reward=RewardConfig(mode="sparse"), agent=AgentConfig(history=2, max_context=512),
+                    rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"],
+                    n_steps=3, checkpoint_dir=tmp_path / name, fingerprint=name)
+        with EnvPool("cue", {}, n_workers=2) as pool:
+            actor, _, _ = rl_train(policy_dir, GAMES, run, pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
+                                   log=lambda step, stats: None, progress=False)
+        return [p.detach().clone() for p in unwrap(actor).parameters()]
+
+    first, again, other = weights(0, "first"), weights(0, "again"), weights(1, "other")
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
