@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from agentrecipe.eval.metrics import context_cut_warnings, pass_at_k, summarize, summarize_levels, wilson_interval
+from agentrecipe.eval.metrics import (METRIC_DIGITS, context_cut_warnings, pass_at_k, summarize, summarize_levels,
+                                      wilson_interval)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +69,7 @@ def test_summarize_cell():
     ]
     cell = summarize(records, [1, 4])
     assert cell["success"] == 0.5 and cell["n"] == 2
-    assert (cell["success_ci_low"], cell["success_ci_high"]) == tuple(round(x, 4) for x in wilson_interval(1, 2))
+    assert (cell["success_ci_low"], cell["success_ci_high"]) == tuple(round(x, METRIC_DIGITS) for x in wilson_interval(1, 2))
     assert cell["score"] == 0.75
     assert cell["turns_won"] == 2.0
     assert cell["invalid_rate"] == 0.5  # 4 invalid of 8 greedy turns
@@ -100,3 +101,14 @@ def test_context_cut_warns_per_policy_and_level_above_the_threshold():
     assert lines == ["warning: 50% of the rl policy's greedy episodes on a ended because the prompt outgrew "
                      "agent.max_context (1024 tokens): raise it, or lower agent.history"]  # 0.1 is not above
     assert context_cut_warnings(cut, ["b"], 1024, threshold=0.05)[0].startswith("warning: 10% of the rl policy's")
+
+
+@pytest.mark.parametrize("wins, n", [(0, 30), (1, 30), (13, 30), (30, 30), (0, 20), (7, 89)])
+def test_stored_cell_prints_like_the_counts(wins, n):
+    """The table string of a stored (rounded) cell equals the one computed from the counts."""
+    from agentrecipe.report.tables import success_cell
+
+    records = [_rec(f"g{i}", "greedy", i < wins) for i in range(n)]
+    low, high = wilson_interval(wins, n)
+    exact = {"success": wins / n, "success_ci_low": low, "success_ci_high": high}
+    assert success_cell(summarize(records, [1])) == success_cell(exact)
