@@ -8,6 +8,7 @@ import pytest
 
 from agentrecipe.eval.metrics import (METRIC_DIGITS, context_cut_warnings, pass_at_k, summarize, summarize_levels,
                                       wilson_interval)
+from agentrecipe.report.tables import success_cell
 
 
 @pytest.mark.parametrize(
@@ -69,7 +70,8 @@ def test_summarize_cell():
     ]
     cell = summarize(records, [1, 4])
     assert cell["success"] == 0.5 and cell["n"] == 2
-    assert (cell["success_ci_low"], cell["success_ci_high"]) == tuple(round(x, METRIC_DIGITS) for x in wilson_interval(1, 2))
+    assert (cell["success_ci_low"], cell["success_ci_high"]) == tuple(round(x, METRIC_DIGITS)
+                                                                      for x in wilson_interval(1, 2))
     assert cell["score"] == 0.75
     assert cell["turns_won"] == 2.0
     assert cell["invalid_rate"] == 0.5  # 4 invalid of 8 greedy turns
@@ -106,8 +108,6 @@ def test_context_cut_warns_per_policy_and_level_above_the_threshold():
 @pytest.mark.parametrize("wins, n", [(0, 30), (1, 30), (13, 30), (30, 30), (0, 20), (7, 89)])
 def test_stored_cell_prints_like_the_counts(wins, n):
     """The table string of a stored (rounded) cell equals the one computed from the counts."""
-    from agentrecipe.report.tables import success_cell
-
     records = [_rec(f"g{i}", "greedy", i < wins) for i in range(n)]
     low, high = wilson_interval(wins, n)
     exact = {"success": wins / n, "success_ci_low": low, "success_ci_high": high}
