@@ -16,7 +16,8 @@ that fails shows no numbers, and fails the flow run once the table is written.
 
 A preset (params/sweep/<preset>.yaml) is a list of such sweeps; `--override`
 adds to each of them; `--point NAME` (repeatable) runs only the named points
-(rerun one that failed, or finish a sweep cut short). `--stop-after-s S` starts no
+(rerun one that failed, or finish a sweep cut short; an earlier point whose experiment has
+other params than its overrides compose to now is `stale`, without numbers). `--stop-after-s S` starts no
 point after S seconds (the running ones finish): a sweep cut to a time slot.
 """
 
@@ -236,6 +237,20 @@ def queued_points(status: str) -> list[str]:
 
 
 NO_LOG = "no log: failed before any stage ran (DVC's worker log: .dvc/tmp/exps/celery/dvc-exp-worker-1.out)"
+STALE = "stale"
+"""The state of a point whose experiment (of an earlier run on this commit) ran with other params than
+the point's overrides compose to now, e.g. the others of a `--point` rerun given other `--override`s."""
+
+
+def params_differ(project: str, overrides: list[str], params: dict[str, Any], shown: int = 3) -> str:
+    """'' when `params` (an experiment's, flat) are what `overrides` compose to from the project's
+    params/ now; else the first keys that differ ('env.n_test 2, not 30; ...')."""
+    from agentrecipe.params import compose
+
+    want = compare.flatten(compose(Path(project) / "params", overrides))
+    keys = [k for k in dict.fromkeys([*want, *params]) if want.get(k) != params.get(k)]
+    return "; ".join(f"{k} {params.get(k)!r}, not {want.get(k)!r}" for k in keys[:shown]) + (
+        f"; {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 @task(name="collect-results", cache_policy=NO_CACHE)
@@ -248,8 +263,12 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     for name, overrides in points.items():
         rec = by_name.get(name, {"state": "missing", "metrics": {}, "log": None})
         given = dict(o.partition("=")[::2] for o in overrides)
-        error = (compare.error_tail(rec["log"]) or NO_LOG) if rec["state"] == "failed" else ""
-        rows.append({"experiment": name, "state": rec["state"], **{k: given.get(k, "") for k in swept},
+        state = rec["state"]
+        error = (compare.error_tail(rec["log"]) or NO_LOG) if state == "failed" else ""
+        if state == "success" and (differ := params_differ(project, overrides, rec["params"])):
+            state, error = STALE, f"ran with other params than this point's ({differ}); rerun it: --point {name}"
+            rec = {**rec, "metrics": {}}
+        rows.append({"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
                      "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
                      "rl ood": compare.success(rec["metrics"], "rl", "ood"),
                      "sft in-domain": compare.success(rec["metrics"], "sft", "in_domain"),

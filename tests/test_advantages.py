@@ -13,6 +13,7 @@ from agentrecipe.algos import (
     gigpo_advantages,
     grpo_advantages,
     masked_gae,
+    masked_whiten,
     reinforce_pp_advantages,
     returns_to_go,
     rloo_advantages,
@@ -390,3 +391,19 @@ def test_ppo_whiten_advantages():
     assert raw[0, [2, 3, 7, 8]].tolist() == approx([0.7454528, 0.92424, 0.492, 0.6])
     assert adv[0].tolist() == approx([0, 0, 0.3392518, 1.4414564, 0, 0, 0, -1.2232585, -0.5574497, 0])
     assert torch.equal(ret, raw_ret)
+
+
+def test_whitening_a_constant_gives_exact_zeros():
+    # 37 returns of 0.9 (not dyadic): their float32 mean is off by ~1e-8, which (x - mean) / (std + 1e-6)
+    # blew up to advantages of about +-0.1 with an arbitrary sign; a constant carries no signal.
+    mask = torch.tensor([1.0] * 37 + [0.0] * 3)
+    x = torch.where(mask.bool(), torch.tensor(0.9), torch.tensor(5.0))
+    assert torch.equal(masked_whiten(x, mask), torch.zeros(40))
+    assert torch.equal(masked_whiten(torch.full((8,), 0.7), torch.ones(8)), torch.zeros(8))
+    # REINFORCE++ on a batch where every episode earned the same non-dyadic return (dense reward 0.7)
+    rewards = torch.zeros(2, 10)
+    rewards[:, 8] = 0.7
+    assert torch.equal(reinforce_pp_advantages(rewards, MASK.expand(2, -1), gamma=1.0), torch.zeros(2, 10))
+    # anything but a constant is still whitened to mean 0, std 1
+    y = masked_whiten(torch.arange(8.0), torch.ones(8))
+    assert y.mean().item() == approx(0.0) and y.std(unbiased=False).item() == approx(1.0)

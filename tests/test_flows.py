@@ -377,7 +377,7 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     sweep(overrides=["train.lr=0.3", "seed=0,1"], project_dir=str(project), name="seeds")
     with (project / "data/sweeps/seeds/summary.csv").open() as f:
         (summary,) = list(csv.DictReader(f))
-    assert (summary["seeds"], summary["rl in-domain per seed"], summary["rl in-domain episodes"]) == ("0 1", "0.300 0.400", "20")
+    assert (summary["seeds"], summary["rl in-domain per seed"], summary["rl in-domain episodes"]) == ("0 1", "0.3 0.4", "20")
     # mean 0.35, s = 0.0707, t_{0.975, 1} = 12.706: half 0.635, clipped below at 0; pooled 7 of 20
     assert float(summary["rl in-domain mean"]) == pytest.approx(0.35)
     assert float(summary["rl in-domain low"]) == 0.0 and float(summary["rl in-domain high"]) == pytest.approx(0.9853, abs=1e-4)
@@ -385,6 +385,23 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     assert (project / "data/sweeps/seeds/summary.png").stat().st_size > 0
     shown = json.loads(artifact("sweep-seeds-seeds").data)
     assert shown[0]["seeds"] == "0 1" and shown[0]["rl in-domain per seed"] == "30 40"
+
+    # A point whose experiment (of an earlier run) has other params than its overrides compose to now,
+    # as the others of a `--point` rerun given another `--override`: stale, no numbers, not summed up.
+    from prefect import flow
+
+    from flows.sweep import collect_results
+
+    points = {"seed-0": ["train.lr=0.3", "seed=0", "train.steps=3"], "seed-1": ["train.lr=0.3", "seed=1"]}
+
+    @flow(name="collect")
+    def collect():
+        return collect_results(str(project), points, "data/sweeps/mixed", "mixed")
+
+    rows = collect()
+    assert [(r["experiment"], r["state"]) for r in rows] == [("seed-0", "stale"), ("seed-1", "success")]
+    assert rows[0]["error"] == "ran with other params than this point's (train.steps 2, not 3); rerun it: --point seed-0"
+    assert rows[0]["rl in-domain"] == "–" and "rl.in_domain.success" not in rows[0]
 
 
 FINDINGS = ["budget_split", "algo_x_reward", "env_complexity", "turn_schedule", "alfworld_sft_rl"]

@@ -29,7 +29,7 @@ def test_summary_groups_the_seeds_of_each_setting_and_skips_failed_ones():
     first, second = seeds.summarise(rows, ["budget.sft_fraction", "seed"])
     assert (first["budget.sft_fraction"], first["seeds"], first["missing"]) == ("0.2", "0 1 2", "")
     assert first["rl in-domain mean"] == pytest.approx(0.5)
-    assert first["rl in-domain per seed"] == "0.400 0.500 0.600"
+    assert first["rl in-domain per seed"] == "0.4 0.5 0.6"
     # pooled: 8 + 10 + 12 = 30 wins of 60 episodes
     assert (first["rl in-domain pooled"], first["rl in-domain episodes"]) == (0.5, 60)
     assert (first["rl in-domain pooled low"], first["rl in-domain pooled high"]) == wilson_interval(30, 60)
@@ -42,3 +42,24 @@ def test_summary_groups_the_seeds_of_each_setting_and_skips_failed_ones():
     table = seeds.summary_table([first, second], ["budget.sft_fraction", "seed"], ["rl in-domain"])
     assert table[0] == {"budget.sft_fraction": "0.2", "seeds": "0 1 2", "rl in-domain": "50.0 [25.2, 74.8]",
                         "rl in-domain per seed": "40 50 60"}
+
+
+def test_per_seed_values_are_rounded_once_half_up():
+    # 18, 28 and 41 wins of 59: 30.508, 47.458, 69.492%; stored to 6 decimals, shown as whole percents.
+    rows = [_row(f"e{s}", "0.2", str(s), round(k / 59, 6), n=59) for s, k in ((0, 18), (1, 28), (2, 41))]
+    (summary,) = seeds.summarise(rows, ["budget.sft_fraction", "seed"])
+    assert seeds.per_seed_text(summary, "rl in-domain") == "31 47 69"
+    # a results.csv written at 4 decimals: 1/29 = 3.448% stored as 0.0345 is 3, not 0.035 -> 3.5 -> 4
+    summary["rl in-domain per seed"] = "0.0345 0.125 1"
+    assert seeds.per_seed_text(summary, "rl in-domain") == "3 13 100"
+
+
+def test_a_seed_without_the_metric_keeps_its_place():
+    rows = [_row("a0", "0.2", "0", 0.1), _row("a1", "0.2", "1", 0.3), _row("a2", "0.2", "2", 0.5)]
+    rows[1] = {k: v for k, v in rows[1].items() if not k.startswith("rl.")}
+    (summary,) = seeds.summarise(rows, ["budget.sft_fraction", "seed"])
+    assert summary["seeds"] == "0 1 2" and summary["rl in-domain per seed"] == "0.1 nan 0.5"
+    assert seeds.per_seed_text(summary, "rl in-domain") == "10 – 50"
+    assert summary["rl in-domain mean"] == pytest.approx(0.3) and summary["rl in-domain episodes"] == 40
+    # a column no seed has stays empty (the page shows one dash)
+    assert summary["rl ood per seed"] == "" and seeds.per_seed_text(summary, "rl ood") == ""

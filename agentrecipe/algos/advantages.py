@@ -200,8 +200,12 @@ def returns_to_go(token_rewards: Tensor, action_mask: Tensor, gamma: float, step
 
 
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
-    """(x - mean_m(x)) / (std_m(x) + eps) over masked entries (population std); 0 off the mask."""
+    """(x - mean_m(x)) / (std_m(x) + eps) over masked entries (population std); 0 off the mask.
+    Masked values that are all equal (`equal_returns`) give exact zeros, as in `_cell_flat`: a
+    non-dyadic constant's float mean is not its value, and the division would blow the rounding up."""
     mask = mask.bool()
+    if not mask.any() or bool(equal_returns(x[mask].max(), x[mask].min())):
+        return torch.zeros_like(x)
     whitened = (x - masked_mean(x, mask)) / (masked_var(x, mask).sqrt() + eps)
     return torch.where(mask, whitened, torch.zeros_like(whitened))
 

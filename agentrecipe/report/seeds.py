@@ -19,6 +19,7 @@ With one seed there is no across-seed interval (nan).
 from __future__ import annotations
 
 import math
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from agentrecipe.eval.metrics import wilson_interval
@@ -49,7 +50,10 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
 def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, Any]]:
     """One row per setting (the swept keys other than `seed`), in first-seen order, from the sweep's
     rows (`experiment`, `state`, the swept keys, flat metrics). Only successful experiments count;
-    `seeds` lists those that did, `missing` the others."""
+    `seeds` lists those that did, `missing` the others. `<column> per seed` holds one value per
+    seed of `seeds`, in its order ("nan" where that experiment lacks the metric, which then stays out
+    of the mean and the pooled count; empty where none has it), as the metric was stored (`:g`, no
+    second rounding)."""
     keys = [k for k in swept if k != SEED_KEY]
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
@@ -61,14 +65,16 @@ def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, An
                                    "seeds": " ".join(str(r.get(SEED_KEY, "")) for r in done),
                                    "missing": " ".join(r["experiment"] for r in members if r["state"] != "success")}
         for column, prefix in CELLS.items():
-            have = [r for r in done if isinstance(r.get(f"{prefix}.success"), (int, float))]
+            measured = [isinstance(r.get(f"{prefix}.success"), (int, float)) for r in done]
+            have = [r for r, m in zip(done, measured) if m]
             rates = [float(r[f"{prefix}.success"]) for r in have]
+            per_seed = [float(r[f"{prefix}.success"]) if m else math.nan for r, m in zip(done, measured)] if have else []
             n = sum(int(r.get(f"{prefix}.n") or 0) for r in have)
             wins = round(sum(float(r[f"{prefix}.success"]) * int(r.get(f"{prefix}.n") or 0) for r in have))
             mean, low, high = t_interval(rates) if rates else (math.nan,) * 3
             p_low, p_high = wilson_interval(wins, n) if n else (math.nan, math.nan)
             summary.update({f"{column} mean": mean, f"{column} low": low, f"{column} high": high,
-                            f"{column} per seed": " ".join(f"{v:.3f}" for v in rates),
+                            f"{column} per seed": " ".join(f"{v:g}" for v in per_seed),
                             f"{column} pooled": wins / n if n else math.nan,
                             f"{column} pooled low": p_low, f"{column} pooled high": p_high,
                             f"{column} episodes": n})
@@ -87,8 +93,10 @@ def cell_text(summary: dict[str, Any], column: str) -> str:
 
 
 def per_seed_text(summary: dict[str, Any], column: str) -> str:
-    """The per-seed rates in percent ('40 45 40')."""
-    return " ".join(f"{100 * float(v):.0f}" for v in summary[f"{column} per seed"].split())
+    """The per-seed rates in whole percent, rounded once and half up from the stored decimal text
+    ('40 45 3' for 0.4 0.45 0.034483), '–' for a seed without the metric."""
+    return " ".join("–" if v.lower() == "nan" else str((Decimal(v) * 100).quantize(Decimal(1), ROUND_HALF_UP))
+                    for v in summary[f"{column} per seed"].split())
 
 
 def pooled_text(summary: dict[str, Any], column: str) -> str:
