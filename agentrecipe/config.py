@@ -187,6 +187,9 @@ class EnvConfig:
                     family.check_level(lvl)
                 except ValueError as e:
                     raise ConfigError(f"env.{key}: {e}") from None
+        both = sorted(set(self.levels) & set(self.ood_levels))
+        _check(not both, "env.ood_levels", f"{', '.join(both)} also in env.levels: out-of-domain levels are never "
+               "trained on, and a level in both would have each test game played and counted twice")
         if hasattr(family, "options_of"):
             try:
                 family.options_of(self.family_options)

@@ -243,6 +243,10 @@ def test_import_official_data(built, env, tmp_path, monkeypatch):
     assert [g.path for g in one_by_one] == [g.path for g in games]
     with pytest.raises(ValueError, match="holds 2 pick_and_place_simple games; 3 were asked"):
         family.build_games(level, "train", [100, 101, 102], out, {"data_dir": str(root)})
+    # the pool the build stage checks a whole split against (its batches each see a part)
+    assert family.pool_size(level, "train", {"data_dir": str(root)}) == 2
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    assert family.pool_size(level, "train", {}) is None  # generated games: every seed its own
 
     # any task, valid -> valid_seen, through $ALFWORLD_DATA, symlinked
     monkeypatch.setenv("ALFWORLD_DATA", str(root))

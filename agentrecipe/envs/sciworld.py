@@ -132,6 +132,22 @@ def sampled(valid: list[str], seed: int, k: int = N_SAMPLED) -> list[str]:
     return sorted(set(valid), key=key)[:k]
 
 
+def pool_size(level: str, split: str, options: dict) -> int:
+    """Game `seed` of a task and split is variation `seed % pool_size` of the split's."""
+    return split_sizes(level)[split]
+
+
+@lru_cache(maxsize=None)
+def split_sizes(task: str) -> dict[str, int]:
+    """The number of variations of each split of a task (one JVM start per task and process)."""
+    check_level(task)
+    engine = start_engine()
+    try:
+        return {split: len(variations(engine, task, split)) for split in SPLIT_VARIATIONS}
+    finally:
+        engine.close()
+
+
 def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, options: dict) -> list[GameSpec]:
     """One ``<level>-s<seed>.json`` per seed in out_dir (one JVM for the batch)."""
     if options:

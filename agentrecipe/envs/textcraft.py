@@ -223,6 +223,11 @@ def make_game(level: str, split: str, seed: int) -> dict[str, Any]:
             "expert_plan": expert_plan(goal)}
 
 
+def pool_size(level: str, split: str, options: dict) -> int:
+    """Game `seed` of a level and split has goal `seed % pool_size` of the split's goals."""
+    return len(goals(parse_level(level), split))
+
+
 def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, options: dict) -> list[GameSpec]:
     """One JSON game per seed in out_dir (``<level>-s<seed>.json``)."""
     if options:

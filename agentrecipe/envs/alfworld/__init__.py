@@ -74,6 +74,21 @@ def make_env(options: Any = None):
     return AlfWorldEnv(expert=opts["expert"], max_expert_steps=int(opts["max_expert_steps"]))
 
 
+def pool_size(level: str, split: str, options: Any = None) -> int | None:
+    """With the official games: game `seed` is game `seed % pool_size` of the split's games of the
+    level's task type. Generated games (no data_dir): None, every seed its own game."""
+    from agentrecipe.envs.alfworld import importer
+
+    opts = options_of(options)
+    root = importer.find_data_root(opts["data_dir"])
+    if root is None:
+        return None
+    split_dir = root / opts["splits"][split]
+    if not split_dir.is_dir():
+        raise FileNotFoundError(f"{split_dir}: official split {opts['splits'][split]!r} not found")
+    return len(importer.game_order(split_dir, _parse(level)[0]))
+
+
 def build_games(level: str, split: str, seeds, out_dir, options: Any = None) -> list[GameSpec]:
     from agentrecipe.envs.alfworld import importer
 
@@ -146,4 +161,4 @@ def _parse(level: str) -> tuple[str, int, int]:
     return parse_level(level)
 
 
-__all__ = ["DEFAULTS", "build_games", "check_level", "make_env", "options_of"]
+__all__ = ["DEFAULTS", "build_games", "check_level", "make_env", "options_of", "pool_size"]
