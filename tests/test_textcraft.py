@@ -52,8 +52,8 @@ def test_too_many_games_for_a_split_is_refused(tmp_path):
 
 
 def test_a_split_larger_than_its_goal_pool_is_refused_however_it_is_batched(tmp_path):
-    # depth3 has 24 test goals. 30 test games with 4 workers came in batches of 14, 14 and 2 seeds,
-    # none of which repeats a goal by itself, and the run got 30 test games of 24 goals.
+    # depth3 has 24 test goals. 25 test games with 4 workers come in batches of 4 seeds, none of which
+    # repeats a goal by itself: the families' own checks passed and the run got 25 games of 24 goals.
     cfg = EnvConfig(name="textcraft", levels=["depth1"], ood_levels=["depth3"], n_train=2, n_valid=1, n_test=25,
                     workers=4)
     with pytest.raises(ValueError, match="env.n_test: 25 test games of depth3 asked for; its textcraft pool holds 24"):
