@@ -64,15 +64,17 @@ def build_batch(job: Job) -> tuple[list[GameSpec], list[str]]:
     return kept, left_out
 
 
+def wanted_splits(env_cfg: EnvConfig) -> list[tuple[str, str, list[int]]]:
+    """(level, split, game seeds) of every split a run builds: each level's train, valid and test
+    split, each out-of-domain level's test split."""
+    seeds = env_cfg.split_seeds()
+    return [*((level, split, list(seeds[split])) for level in env_cfg.levels for split in SPLITS),
+            *((level, "test", list(seeds["test"])) for level in env_cfg.ood_levels)]
+
+
 def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
     """Batches of seeds: about four per worker, so a slow level does not leave workers idle."""
-    wanted: list[tuple[str, str, list[int]]] = []
-    split_seeds = env_cfg.split_seeds()
-    for level in env_cfg.levels:
-        for split in SPLITS:
-            wanted.append((level, split, list(split_seeds[split])))
-    for level in env_cfg.ood_levels:
-        wanted.append((level, "test", list(split_seeds["test"])))
+    wanted = wanted_splits(env_cfg)
     total = sum(len(seeds) for *_, seeds in wanted)
     size = max(1, -(-total // (4 * env_cfg.workers)))
     return [
@@ -115,18 +117,17 @@ def check_pools(env_cfg: EnvConfig, family, options: dict) -> None:
     draws, which the other seeds of a sweep were tested on."""
     if not hasattr(family, "pool_size"):
         return
-    seeds = env_cfg.split_seeds()
-    first_test = env_cfg.seed_test
-    for level, split in [*((lvl, s) for lvl in env_cfg.levels for s in SPLITS), *((lvl, "test") for lvl in env_cfg.ood_levels)]:
-        n = family.pool_size(level, split, options) if len(seeds[split]) else None
+    earlier_draws = range(env_cfg.seed_test, env_cfg.split_seeds()["test"].start)
+    for level, split, seeds in wanted_splits(env_cfg):
+        n = family.pool_size(level, split, options) if seeds else None
         if n is None:
             continue
-        if len(seeds[split]) > n:
-            raise ValueError(f"env.n_{split}: {len(seeds[split])} {split} games of {level} asked for; its "
+        if len(seeds) > n:
+            raise ValueError(f"env.n_{split}: {len(seeds)} {split} games of {level} asked for; its "
                              f"{env_cfg.name} pool holds {n} (lower env.n_{split})")
-        earlier = {s % n for s in range(first_test, seeds["test"].start)} if split == "test" else set()
-        if repeated := earlier & {s % n for s in seeds[split]}:
-            warnings.warn(f"{level}: {len(repeated)} of the {len(seeds[split])} test games of env.test_draw "
+        earlier = {s % n for s in earlier_draws} if split == "test" else set()
+        if repeated := earlier & {s % n for s in seeds}:
+            warnings.warn(f"{level}: {len(repeated)} of the {len(seeds)} test games of env.test_draw "
                           f"{env_cfg.test_draw} are also in earlier draws (its pool holds {n}): the seeds of a "
                           "sweep share them, so a pooled interval across seeds counts them more than once",
                           stacklevel=2)

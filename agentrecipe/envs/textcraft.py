@@ -232,8 +232,7 @@ def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, o
     """One JSON game per seed in out_dir (``<level>-s<seed>.json``)."""
     if options:
         raise ValueError(f"TextCraft games take no build options, got {sorted(options)}")
-    depth = parse_level(level)
-    n_goals = len(goals(depth, split))
+    n_goals = pool_size(level, split, options)
     if len({s % n_goals for s in seeds}) < len(seeds):
         raise ValueError(f"TextCraft level {level} has {n_goals} {split} goals; {len(seeds)} games were asked for "
                          f"(lower env.n_{split})")
