@@ -187,6 +187,11 @@ class EnvConfig:
                     family.check_level(lvl)
                 except ValueError as e:
                     raise ConfigError(f"env.{key}: {e}") from None
+        for key in ("levels", "ood_levels"):
+            names = getattr(self, key)
+            twice = sorted({lvl for lvl in names if names.count(lvl) > 1})
+            _check(not twice, f"env.{key}", f"{', '.join(twice)} listed twice: its games would be built, "
+                   "trained on and tested twice")
         both = sorted(set(self.levels) & set(self.ood_levels))
         _check(not both, "env.ood_levels", f"{', '.join(both)} also in env.levels: out-of-domain levels are never "
                "trained on, and a level in both would have each test game played and counted twice")

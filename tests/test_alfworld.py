@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -244,9 +245,10 @@ def test_import_official_data(built, env, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="holds 2 pick_and_place_simple games; 3 were asked"):
         family.build_games(level, "train", [100, 101, 102], out, {"data_dir": str(root)})
     # the pool the build stage checks a whole split against (its batches each see a part)
-    assert family.pool_size(level, "train", {"data_dir": str(root)}) == 2
+    assert sorted(p.name for p in family.game_pool(level, "train", {"data_dir": str(root)})) == sorted(
+        Path(g.path).parent.name for g in games)
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    assert family.pool_size(level, "train", {}) is None  # generated games: every seed its own
+    assert family.game_pool(level, "train", {}) is None  # generated games: every seed its own
 
     # any task, valid -> valid_seen, through $ALFWORLD_DATA, symlinked
     monkeypatch.setenv("ALFWORLD_DATA", str(root))
@@ -258,6 +260,36 @@ def test_import_official_data(built, env, tmp_path, monkeypatch):
 
     with pytest.raises(FileNotFoundError, match="no official ALFWorld data"):
         family.build_games(level, "train", [1], out, {"data_dir": str(tmp_path / "missing")})
+
+
+def test_official_games_two_levels_or_splits_share_are_refused(built, tmp_path):
+    """Official games ignore R and D, so two levels of one task type draw the same test games,
+    and `any`'s pool holds every task type's games."""
+    from agentrecipe.config import EnvConfig
+    from agentrecipe.envs.build import check_pools
+
+    root = _official_fixture(built, tmp_path / "alfworld_data")
+
+    def check(levels, ood_levels, seed_test=60, **options):
+        cfg = EnvConfig(name="alfworld", levels=levels, ood_levels=ood_levels, n_train=2, n_valid=1, n_test=1,
+                        seed_train=0, seed_valid=10, seed_test=seed_test, alfworld={"data_dir": str(root), **options})
+        check_pools(cfg, family, cfg.family_options)
+
+    with pytest.raises(ValueError, match="1 of the pick_and_place_simple-r6-d2 test games are also "
+                                         "pick_and_place_simple-r12-d8 test games; a valid or test game"):
+        check(["pick_and_place_simple-r6-d2"], ["pick_and_place_simple-r12-d8"])
+    with pytest.raises(ValueError, match="1 of the pick_and_place_simple-r6-d2 valid games are also "
+                                         "pick_and_place_simple-r6-d2 test games"):
+        check(["pick_and_place_simple-r6-d2"], [], splits={"test": "valid_seen"})
+    # `any`'s test pool holds one game of each task type: the seed that draws the pick_and_place one
+    any_pool = family.game_pool("any-r6-d2", "test", {"data_dir": str(root)})
+    k = [p.parent.name.split("-")[0] for p in any_pool].index("pick_and_place_simple")
+    with pytest.raises(ValueError, match="1 of the pick_and_place_simple-r6-d2 test games are also any-r6-d2 test"):
+        check(["pick_and_place_simple-r6-d2"], ["any-r6-d2"], seed_test=60 + k)
+    check(["pick_and_place_simple-r6-d2"], ["any-r6-d2"], seed_test=60 + (k + 1) % 6)  # another task's game
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check(["pick_and_place_simple-r6-d2"], ["look_at_obj_in_light-r12-d8"])  # distinct task types
 
 
 def test_evaluate_reads_a_folder_of_alfworld_game_folders(built, tmp_path):

@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import types
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 
 from agentrecipe.config import ConfigError, EnvConfig, parse_config
-from agentrecipe.envs.build import build_curriculum, check_plan
+from agentrecipe.envs.build import build_curriculum, check_plan, check_pools
 from agentrecipe.envs.manifest import SPLITS, read_manifest
 from agentrecipe.envs.textworld_env import make_env
 
@@ -28,6 +30,8 @@ TINY = {"levels": ["w1-o2-q1"], "ood_levels": ["w2-o3-q2"], "n_train": 2, "n_val
         ({"n_test": "3"}, "env.n_test"),
         ({"levelz": ["w1-o1-q1"]}, "env.levelz"),
         ({"seed_train": 1, "seed_test": 5, "n_train": 10}, "env.seed_test"),  # [1, 11) overlaps test at 5
+        ({"levels": ["w1-o2-q1", "w2-o3-q2", "w1-o2-q1"]}, "env.levels: w1-o2-q1 listed twice"),
+        ({"ood_levels": ["w4-o6-q8", "w4-o6-q8"]}, "env.ood_levels: w4-o6-q8 listed twice"),
     ],
 )
 def test_bad_env_params_fail_at_once_naming_the_key(env, key):
@@ -43,6 +47,32 @@ def test_bad_cooking_rooms_fail_before_any_game(tmp_path):
     with pytest.raises(ValueError, match="cooking-r1-t1-g2"):
         build_curriculum(cfg, tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_games_two_splits_draw_from_one_pool_are_refused_or_warned():
+    """check_pools on a family whose levels share one pool of 6 games (as official ALFWorld's
+    `any` and a task type do): a shared test or valid game is refused, shared train games warn."""
+    pool = tuple(f"game{i}" for i in range(6))
+    shared = types.SimpleNamespace(__name__="fake_family", game_pool=lambda level, split, options: pool)
+    cfg = EnvConfig(levels=["w1-o2-q1"], ood_levels=["w2-o3-q2"], n_train=2, n_valid=1, n_test=1,
+                    seed_train=0, seed_valid=2, seed_test=3)
+    with pytest.raises(ValueError, match="1 of the w1-o2-q1 test games are also w2-o3-q2 test games; a valid or "
+                                         r"test game .* \(see fake_family.game_pool\)"):
+        check_pools(cfg, shared, {})
+    # every split and level its own games (seeds 0-1, 2, 3 and 4): nothing to refuse
+    by_level = {"w1-o2-q1": pool, "w2-o3-q2": pool[1:] + pool[:1]}
+    own = types.SimpleNamespace(__name__="fake_family", game_pool=lambda level, split, options: by_level[level])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_pools(cfg, own, {})
+    # two in-domain levels: their train games (seeds 0-1) overlap in game1, which is trained on twice as often
+    two = dataclasses.replace(cfg, levels=["w1-o2-q1", "w2-o3-q2"], ood_levels=[], n_valid=0, n_test=0)
+    with pytest.warns(UserWarning, match="1 of the w1-o2-q1 train games are also w2-o3-q2 train games: they are "
+                                         "trained on more often"):
+        check_pools(two, own, {})
+    with pytest.raises(ValueError, match="env.n_train: 7 train games of w1-o2-q1 asked for; its textworld pool "
+                                         "holds 6"):
+        check_pools(dataclasses.replace(cfg, n_train=7, seed_valid=7, seed_test=8), own, {})
 
 
 def test_losing_plan_fails_loudly_naming_the_game(tw_games):

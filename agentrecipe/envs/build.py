@@ -13,6 +13,7 @@ and the build fails only when a level's split is left with no game.
 from __future__ import annotations
 
 import importlib
+import itertools
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -110,27 +111,42 @@ def _batches(workers: int, jobs: list[Job]):
 
 
 def check_pools(env_cfg: EnvConfig, family, options: dict) -> None:
-    """For a family whose games come from a finite pool, game `seed % N` of a level and split's N
-    (`family.pool_size`; TextCraft goals, ScienceWorld variations, official ALFWorld games): refuse a
-    split that would repeat a game (its builds run in batches, each of which sees only its own seeds),
-    and warn where this run's test draw (env.test_draw, from `seed`) repeats games of the earlier
-    draws, which the other seeds of a sweep were tested on."""
-    if not hasattr(family, "pool_size"):
+    """For a family whose games come from a finite pool, game `seed` being `pool[seed % len(pool)]`
+    (`family.game_pool`; TextCraft goals, ScienceWorld variations, official ALFWorld games):
+    - refuse a split larger than its pool (its builds run in batches, each sees only its own seeds);
+    - refuse a valid or test game that another level or split of this run also draws (it would be
+      trained on, or played and counted twice), and warn where two train splits share games;
+    - warn where this run's test draw (env.test_draw, from `seed`) repeats games of the earlier
+      draws, which the other seeds of a sweep were tested on."""
+    if not hasattr(family, "game_pool"):
         return
     earlier_draws = range(env_cfg.seed_test, env_cfg.split_seeds()["test"].start)
+    drawn: dict[tuple[str, str], set] = {}  # (level, split) -> the games it draws
     for level, split, seeds in wanted_splits(env_cfg):
-        n = family.pool_size(level, split, options) if seeds else None
-        if n is None:
+        pool = family.game_pool(level, split, options) if seeds else None
+        if pool is None:
             continue
+        n = len(pool)
         if len(seeds) > n:
             raise ValueError(f"env.n_{split}: {len(seeds)} {split} games of {level} asked for; its "
                              f"{env_cfg.name} pool holds {n} (lower env.n_{split})")
-        earlier = {s % n for s in earlier_draws} if split == "test" else set()
-        if repeated := earlier & {s % n for s in seeds}:
+        drawn[level, split] = {pool[s % n] for s in seeds}
+        earlier = {pool[s % n] for s in earlier_draws} if split == "test" else set()
+        if repeated := earlier & drawn[level, split]:
             warnings.warn(f"{level}: {len(repeated)} of the {len(seeds)} test games of env.test_draw "
                           f"{env_cfg.test_draw} are also in earlier draws (its pool holds {n}): the seeds of a "
                           "sweep share them, so a pooled interval across seeds counts them more than once",
                           stacklevel=2)
+    for a, b in itertools.combinations(drawn, 2):
+        if not (shared := drawn[a] & drawn[b]):
+            continue
+        what = f"{len(shared)} of the {' '.join(a)} games are also {' '.join(b)} games"
+        if a[1] == b[1] == "train":
+            warnings.warn(f"{what}: they are trained on more often than the others", stacklevel=2)
+            continue
+        raise ValueError(f"env.levels / env.ood_levels: {what}; a valid or test game must be neither trained on "
+                         f"nor played twice: pick levels (or splits) that draw from different {env_cfg.name} pools "
+                         f"(see {family.__name__}.game_pool)")
 
 
 def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = True) -> list[GameSpec]:

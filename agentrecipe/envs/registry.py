@@ -4,8 +4,10 @@
 - ``build_games(level, split, seeds, out_dir, options) -> list[GameSpec]``:
   make (or import) the games of one level and split, in this process;
 - ``make_env(options) -> Env``: an environment that can play its games;
-- optionally ``pool_size(level, split, options) -> int | None``: where game ``seed`` of a level
-  and split is game ``seed % N`` of a finite pool of N (build.check_pools refuses repeats).
+- optionally ``game_pool(level, split, options) -> tuple | None``: where game ``seed`` of a level
+  and split is game ``pool[seed % len(pool)]`` of a finite pool, that pool: one identity per game,
+  equal wherever two levels or splits would draw the same game (build.check_pools refuses a split
+  that repeats a game and a test or valid game that another level or split also draws).
 
 Modules are imported lazily, so TextWorld users never import ALFWorld.
 """

@@ -132,18 +132,19 @@ def sampled(valid: list[str], seed: int, k: int = N_SAMPLED) -> list[str]:
     return sorted(set(valid), key=key)[:k]
 
 
-def pool_size(level: str, split: str, options: dict) -> int:
-    """Game `seed` of a task and split is variation `seed % pool_size` of the split's."""
-    return split_sizes(level)[split]
+def game_pool(level: str, split: str, options: dict) -> tuple[tuple[str, int], ...]:
+    """Game `seed` of a task and split is variation `pool[seed % len(pool)]` of the split's
+    (task, variation) pairs; ScienceWorld's splits hold disjoint variations."""
+    return tuple((level, v) for v in split_variations(level)[split])
 
 
 @lru_cache(maxsize=None)
-def split_sizes(task: str) -> dict[str, int]:
-    """The number of variations of each split of a task (one JVM start per task and process)."""
+def split_variations(task: str) -> dict[str, tuple[int, ...]]:
+    """Each split's variations of a task, in draw order (one JVM start per task and process)."""
     check_level(task)
     engine = start_engine()
     try:
-        return {split: len(variations(engine, task, split)) for split in SPLIT_VARIATIONS}
+        return {split: tuple(variations(engine, task, split)) for split in SPLIT_VARIATIONS}
     finally:
         engine.close()
 

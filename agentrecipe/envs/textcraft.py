@@ -223,16 +223,17 @@ def make_game(level: str, split: str, seed: int) -> dict[str, Any]:
             "expert_plan": expert_plan(goal)}
 
 
-def pool_size(level: str, split: str, options: dict) -> int:
-    """Game `seed` of a level and split has goal `seed % pool_size` of the split's goals."""
-    return len(goals(parse_level(level), split))
+def game_pool(level: str, split: str, options: dict) -> tuple[str, ...]:
+    """Game `seed` of a level and split crafts goal `pool[seed % len(pool)]`: the split's goals
+    (a goal's crafting depth is its level, so no two levels or splits share one)."""
+    return tuple(goals(parse_level(level), split))
 
 
 def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, options: dict) -> list[GameSpec]:
     """One JSON game per seed in out_dir (``<level>-s<seed>.json``)."""
     if options:
         raise ValueError(f"TextCraft games take no build options, got {sorted(options)}")
-    n_goals = pool_size(level, split, options)
+    n_goals = len(game_pool(level, split, options))
     if len({s % n_goals for s in seeds}) < len(seeds):
         raise ValueError(f"TextCraft level {level} has {n_goals} {split} goals; {len(seeds)} games were asked for "
                          f"(lower env.n_{split})")

@@ -74,9 +74,11 @@ def make_env(options: Any = None):
     return AlfWorldEnv(expert=opts["expert"], max_expert_steps=int(opts["max_expert_steps"]))
 
 
-def pool_size(level: str, split: str, options: Any = None) -> int | None:
-    """With the official games: game `seed` is game `seed % pool_size` of the split's games of the
-    level's task type. Generated games (no data_dir): None, every seed its own game."""
+def game_pool(level: str, split: str, options: Any = None) -> tuple[Path, ...] | None:
+    """With the official games: game `seed` is `pool[seed % len(pool)]` of the official split's games
+    of the level's task type (their folders). R and D do not apply, so `any-r6-d3` and `any-r12-d8`
+    draw the same pool, and `any`'s holds every task type's games. Generated games (no data_dir):
+    None, every seed its own game."""
     from agentrecipe.envs.alfworld import importer
 
     opts = options_of(options)
@@ -86,7 +88,7 @@ def pool_size(level: str, split: str, options: Any = None) -> int | None:
     split_dir = root / opts["splits"][split]
     if not split_dir.is_dir():
         raise FileNotFoundError(f"{split_dir}: official split {opts['splits'][split]!r} not found")
-    return len(importer.game_order(split_dir, _parse(level)[0]))
+    return importer.game_order(split_dir, _parse(level)[0])
 
 
 def build_games(level: str, split: str, seeds, out_dir, options: Any = None) -> list[GameSpec]:
@@ -161,4 +163,4 @@ def _parse(level: str) -> tuple[str, int, int]:
     return parse_level(level)
 
 
-__all__ = ["DEFAULTS", "build_games", "check_level", "make_env", "options_of", "pool_size"]
+__all__ = ["DEFAULTS", "build_games", "check_level", "game_pool", "make_env", "options_of"]
