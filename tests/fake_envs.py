@@ -1,4 +1,5 @@
 """A fake environment family for pool tests: the actions "raise", "hang" and "crash" misbehave,
+"slow" takes 0.6 s (healthy, but near a 1 s timeout),
 and so does a game whose path ends in "corrupt" (its reset kills the process, as a truncated
 story file kills the TextWorld interpreter)."""
 
@@ -40,6 +41,8 @@ class FakeEnv:
             time.sleep(3600)
         if action == "crash":
             os._exit(3)
+        if action == "slow":
+            time.sleep(0.6)
         self.t += 1
         won = action == "win"
         obs = Observation(text=f"{action} {self.t} in game {self.game.seed}", objective="say win",

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agentrecipe.eval.metrics import (METRIC_DIGITS, context_cut_warnings, pass_at_k, summarize, summarize_levels,
-                                      wilson_interval)
+from agentrecipe.eval.metrics import (METRIC_DIGITS, context_cut_warnings, mean_interval, pass_at_k, summarize,
+                                      summarize_levels, wilson_interval)
 from agentrecipe.report.tables import success_cell
 
 
@@ -77,6 +77,18 @@ def test_summarize_cell():
     assert cell["invalid_rate"] == 0.5  # 4 invalid of 8 greedy turns
     assert cell["pass@1"] == 0.125 and cell["pass@4"] == 0.5  # mean over games of (0.25, 0) and (1, 0)
     assert cell["failed"] == 1
+
+
+def test_score_interval_holds_negative_scores():
+    """ScienceWorld scores a failed task -100 of 100. Before, the score interval was clipped to
+    [0, 1]: here mean -0.5 came with (0.0, 0.48), an interval above its own mean."""
+    scores = [-1.0, -1.0, -1.0, 1.0]
+    cell = summarize([_rec(f"g{i}", "greedy", s > 0, score=s) for i, s in enumerate(scores)], [1])
+    assert cell["score"] == -0.5
+    assert cell["score_ci_low"] < cell["score"] < cell["score_ci_high"]
+    low, high = mean_interval(scores, low=-1.0)
+    assert (cell["score_ci_low"], cell["score_ci_high"]) == (round(low, METRIC_DIGITS), round(high, METRIC_DIGITS))
+    assert -1.0 <= low  # still clipped, to the lowest score seen
 
 
 def test_deterministic_policy_passes_at_every_k_iff_greedy_won():

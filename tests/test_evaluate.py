@@ -14,6 +14,8 @@ import torch
 import yaml
 
 from agentrecipe.config import EvalConfig
+from agentrecipe.envs import registry
+from agentrecipe.envs.base import GameSpec
 from agentrecipe.envs.manifest import write_manifest
 from agentrecipe.envs.pool import EnvPool
 from agentrecipe.envs.registry import get_family
@@ -80,6 +82,20 @@ def test_baselines(envs_dir):
                                                       "invalid": False}
     for r in results.values():
         assert all(0.0 <= c["success_ci_low"] <= c["success_ci_high"] <= 1.0 for c in r.summary.values())
+
+
+def test_random_baseline_is_sampled_at_temperature_zero(monkeypatch):
+    """The random baseline ignores the temperature. Before, eval.temperature 0 played no sampled
+    episodes for it, and its pass@k collapsed to the greedy episode's win."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    monkeypatch.setitem(registry.FAMILIES, "fake", "fake_envs")
+    games = [GameSpec(path=f"fake/{i}", level="fake", env="fake", split="test", seed=i) for i in range(2)]
+    cfg = EvalConfig(episodes=2, samples=3, pass_k=[1, 3], temperature=0.0, max_turns=2, transcripts=0)
+    with EnvPool("fake", {}, n_workers=0, timeout=10) as pool:
+        modes = {b: [r["mode"] for r in evaluate_policy(get_baseline(b), games, pool, cfg, progress=False).records]
+                 for b in ("random", "first")}
+    assert modes["random"].count("sampled") == 2 * 3 and modes["random"].count("greedy") == 2
+    assert modes["first"] == ["greedy", "greedy"]  # deterministic: nothing to sample
 
 
 def test_select_games_takes_first_by_seed_and_names_missing_levels(envs_dir):

@@ -6,7 +6,7 @@
 
 Slot i lives in worker i % n_workers; each worker steps its slots in turn. A slot whose
 env raises fails alone. A worker that dies or does not answer within `timeout` seconds
-is killed and restarted, and only the slot it was busy with fails: the pool remembers
+per env call it was sent (a worker holding 3 slots gets 3 x `timeout` for a step) is killed and restarted, and only the slot it was busy with fails: the pool remembers
 each slot's game and actions, so the worker's other episodes are replayed on the fresh
 worker (text games are deterministic) and go on as if nothing happened. After a death
 the slot it was busy with is retried alone once (a worker killed from outside loses
@@ -206,8 +206,12 @@ class EnvPool:
             worker.conn.send((cmd, part))
         except (OSError, ValueError):
             return None
-        ops = sum(1 + len(arg[1]) for arg in part.values()) if cmd == "replay" else 1  # a replay: timeout per env call
-        return time.monotonic() + self.timeout * ops + worker.grace
+        return time.monotonic() + self._budget(cmd, part) + worker.grace
+
+    def _budget(self, cmd: str, part: dict[int, Any]) -> float:
+        """Seconds worker w gets for `part`: `timeout` per env call (its slots play in turn)."""
+        calls = sum(1 + len(arg[1]) for arg in part.values()) if cmd == "replay" else len(part)
+        return self.timeout * calls
 
     def _receive(self, w: int) -> dict[int, tuple[bool, Any]] | _Failure:
         """Worker w's answer (its pipe is readable), or how it failed."""
@@ -229,7 +233,7 @@ class EnvPool:
             return _Failure("died", None, hung=False)
         if wait([self._workers[w].conn], timeout=max(deadline - time.monotonic(), 0)):
             return self._receive(w)
-        return self._failure(w, f"gave no answer within {self.timeout:g} s", hung=True)
+        return self._failure(w, f"gave no answer within {self._budget(cmd, part):g} s", hung=True)
 
     # --------------------------------------------------------------- calls
     def _call(self, cmd: str, payload: dict[int, Any]) -> dict[int, tuple[bool, Any]]:
@@ -258,7 +262,8 @@ class EnvPool:
             for conn, w in list(pending.items()):
                 if time.monotonic() >= deadline[w]:
                     del pending[conn]
-                    failed[w] = self._failure(w, f"gave no answer within {self.timeout:g} s", hung=True)
+                    failed[w] = self._failure(w, f"gave no answer within {self._budget(cmd, parts[w]):g} s",
+                                              hung=True)
         for w, failure in failed.items():
             out.update(self._recover(w, cmd, parts[w], failure))
         return out

@@ -21,6 +21,8 @@ class Baseline:
     name = "baseline"
     stochastic = False
     """True when episodes differ by seed (then sampled episodes are played for pass@k)."""
+    uses_temperature = False
+    """Temperatures are ignored: a stochastic baseline is sampled at eval.temperature 0 too."""
 
     def act(self, obs: Observation, game: GameSpec, turn: int, rng: random.Random) -> str:
         raise NotImplementedError

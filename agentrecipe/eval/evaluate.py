@@ -42,7 +42,8 @@ CUSTOM_LEVEL_NAME = "custom"
 
 class Policy(Protocol):
     name: str
-    stochastic: bool
+    stochastic: bool  # episodes differ by seed: sampled episodes are played for pass@k
+    uses_temperature: bool  # False: random at any temperature, so sampled even at eval.temperature 0
 
     def play(self, games: list[GameSpec], pool, max_turns: int, temperatures: list[float],
              seed: int | None) -> list[Episode]:
@@ -53,6 +54,7 @@ class ModelPolicy:
     """A causal LM from a HF folder, playing through the rollout engine."""
 
     stochastic = True
+    uses_temperature = True
 
     def __init__(self, name: str, model, tokenizer, agent: AgentConfig, device: str = "cpu", top_p: float = 1.0):
         self.name = name
@@ -120,7 +122,9 @@ def evaluate_policy(policy: Policy, games: list[GameSpec], pool, cfg: EvalConfig
     it straddles them. Batch b of the run is seeded with `cfg.seed * 100_000 + b`, so a rerun
     repeats it exactly.
     """
-    sampled = policy.stochastic and cfg.temperature > 0
+    # A model at temperature 0 would replay its greedy episode; the random baseline ignores the
+    # temperature, and without sampled episodes its pass@k collapsed to the greedy episode's win.
+    sampled = policy.stochastic and (cfg.temperature > 0 or not policy.uses_temperature)
     plan = [(g, "greedy") for g in games]
     if sampled:
         plan += [(g, "sampled") for g in games for _ in range(cfg.samples)]

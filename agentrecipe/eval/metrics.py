@@ -101,7 +101,9 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
     low, high = wilson_interval(wins, len(greedy))
     turns = sum(r["turns"] for r in greedy)
     scores = [r["score"] / r["max_score"] if r["max_score"] else 0.0 for r in greedy]
-    score_low, score_high = mean_interval(scores)
+    # Scores lie in [0, 1] except where a family scores below 0 (ScienceWorld's failed task is
+    # -100 of 100): clipping to [0, 1] there put the interval above its own mean.
+    score_low, score_high = mean_interval(scores, low=min([0.0, *scores]), high=max([1.0, *scores]))
     cell: dict = {
         "success": wins / len(greedy) if greedy else None,
         "success_ci_low": low,
