@@ -368,7 +368,8 @@ class RLConfig:
     gamma: float
     lam: float
     discount: Literal["token", "turn"]
-    """Unit that gamma (and PPO's lam) apply once per, for every estimator: each action token, or each turn."""
+    """Unit that gamma (and PPO's lam) apply once per, for every estimator that discounts: each action token,
+    or each turn (grpo/rloo on episode returns do not discount: gamma must be 1 there)."""
     whiten_advantages: bool
     """PPO only: whiten the GAE advantages over the step batch (veRL; CleanRL per minibatch)."""
     bootstrap_truncated: bool
@@ -435,6 +436,23 @@ class RLConfig:
                "is for ppo; grpo/rloo/gigpo normalise per group and reinforce_pp whitens already")
         _check(not self.dynamic_sampling or self.group_size >= 2, "rl.dynamic_sampling",
                "drops groups whose rollouts all score alike: needs rl.group_size >= 2")
+        _check(not self.dynamic_sampling or (self.algo in ("grpo", "rloo") and not self.turn_level_returns),
+               "rl.dynamic_sampling",
+               "is for grpo and rloo on episode returns, where a group whose returns are equal has zero "
+               f"advantage; {self.algo}{' with turn_level_returns' if self.turn_level_returns else ''} "
+               "learns from such groups too (per-turn or step returns, a critic or a batch baseline), "
+               "and dropping them would throw that signal away")
+        _check(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0 (a negative coefficient rewards moving away)")
+        _check(self.kl_coef == 0 or self.kl_in_reward or self.kl_estimator != "k1", "rl.kl_estimator",
+               "k1 (log pi - log pi_ref) in the loss has zero expected gradient on the policy's own samples, "
+               "so the penalty would not pull the policy back; use k3 in the loss, or k1 with rl.kl_in_reward")
+        _check(self.algo != "ppo" or (self.critic_lr > 0 and self.vf_coef > 0), "rl.critic_lr",
+               "ppo trains a critic: rl.critic_lr and rl.vf_coef must be > 0")
+        _check(not self.bootstrap_truncated or self.algo == "ppo", "rl.bootstrap_truncated",
+               f"bootstraps from the critic's value; {self.algo} has no critic")
+        _check(self.gamma == 1 or self.algo not in ("grpo", "rloo") or self.turn_level_returns, "rl.gamma",
+               f"{self.algo} compares episode returns R = sum of rewards, which gamma does not touch; "
+               "set rl.turn_level_returns=true for discounted per-turn returns, or leave gamma at 1")
         _check(self.dynamic_sampling_max_games >= 0, "rl.dynamic_sampling_max_games", "must be >= 0")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
         _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")

@@ -47,7 +47,7 @@ def failure_guard(log, limit: float, episodes_per_step: int):
     def guarded(step: int, stats: dict) -> None:
         log(step, stats)
         counts["failed"] += stats.get("rollout/failed_episodes", 0.0)
-        counts["played"] += episodes_per_step
+        counts["played"] += int(stats.get("rollout/episodes", episodes_per_step))  # more with dynamic sampling
         if counts["failed"] > limit * counts["played"]:
             sys.exit(f"error: {counts['failed']:.0f} of {counts['played']} RL episodes failed by step {step}, "
                      f"more than rl.max_failed_share={limit:g}: broken games or environments (see the errors above); "

@@ -75,3 +75,6 @@ def test_rl_stops_once_too_many_of_its_episodes_failed():
     with pytest.raises(SystemExit, match=r"4 of 12 RL episodes failed by step 3.*rl.max_failed_share=0.25"):
         guarded(3, {"rollout/failed_episodes": 3.0})  # 4 of 12: above
     assert logged == [1, 2, 3]  # the step is logged before the run stops
+    # Dynamic sampling plays more than episodes_per_step: the share is over what was played.
+    guarded = failure_guard(lambda step, stats: None, limit=0.25, episodes_per_step=4)
+    guarded(1, {"rollout/failed_episodes": 3.0, "rollout/episodes": 12.0})  # 3 of 12: below (was 3 of 4)

@@ -140,6 +140,9 @@ def test_dynamic_sampling_replaces_zero_variance_groups_until_the_batch_is_full(
     assert [ep.game.seed for ep in out.episodes] == [1, 1, 3, 3]
     assert out.group_of == [0, 0, 1, 1]
     assert out.stats == {"dapo/dropped_groups": 2.0, "dapo/extra_games": 2.0, "dapo/topped_up_groups": 0.0}
+    # every episode played, dropped groups included, for the step's rollout/* metrics
+    assert [ep.game.seed for ep in out.played] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert out.played_group_of == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_dynamic_sampling_cap_tops_up_with_zero_variance_groups():
@@ -166,29 +169,56 @@ def test_rl_gigpo_params_compose_and_validate():
     (dict(algo="gigpo", turn_level_returns=True), "rl.turn_level_returns"),
     (dict(algo="grpo", whiten_advantages=True), "rl.whiten_advantages"),
     (dict(algo="ppo", group_size=1, dynamic_sampling=True), "rl.dynamic_sampling"),
+    # Dynamic sampling drops groups of equal episode returns; these estimators learn from them.
+    (dict(algo="gigpo", gamma=0.95, discount="turn", dynamic_sampling=True), "rl.dynamic_sampling"),
+    (dict(algo="grpo", turn_level_returns=True, dynamic_sampling=True), "rl.dynamic_sampling"),
+    (dict(algo="reinforce_pp", dynamic_sampling=True), "rl.dynamic_sampling"),
+    (dict(kl_coef=-0.05), "rl.kl_coef"),
+    (dict(kl_coef=0.01, kl_estimator="k1", kl_in_reward=False), "rl.kl_estimator"),  # zero expected gradient
+    (dict(algo="ppo", group_size=1, critic_lr=0.0), "rl.critic_lr"),
+    (dict(algo="ppo", group_size=1, vf_coef=-0.5), "rl.critic_lr"),
+    (dict(algo="grpo", bootstrap_truncated=True), "rl.bootstrap_truncated"),
+    (dict(algo="rloo", gamma=0.5), "rl.gamma"),  # R = sum of rewards: gamma would do nothing
 ])
 def test_rl_config_refuses_meaningless_combinations(kwargs, key):
     with pytest.raises(ConfigError, match=key):
         RLConfig(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(algo="grpo", dynamic_sampling=True), dict(algo="rloo", dynamic_sampling=True),
+    dict(algo="reinforce_pp", kl_coef=0.01, kl_estimator="k1", kl_in_reward=True),
+    dict(kl_coef=0.01, kl_estimator="k3", kl_in_reward=False),
+    dict(algo="grpo", gamma=0.9, turn_level_returns=True), dict(algo="ppo", group_size=1, bootstrap_truncated=True),
+])
+def test_rl_config_accepts_the_meaningful_neighbours(kwargs):
+    RLConfig(**kwargs)
+
+
 @pytest.mark.slow
-def test_rl_train_with_gigpo_and_dynamic_sampling_logs_its_stats(policy_dir, cue_pool, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("algo", ["gigpo", "grpo"])
+def test_rl_train_logs_gigpo_and_dynamic_sampling_stats(algo, policy_dir, cue_pool, tmp_path):  # noqa: F811
     from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RolloutConfig
     from agentrecipe.rollout.hf_backend import HFBackend
     from agentrecipe.train.rl import RLRun, rl_train
 
-    rl = RLConfig(algo="gigpo", lr=3e-3, group_size=4, games_per_step=2, minibatch_size=16, gamma=0.95, discount="turn",
-                  dynamic_sampling=True, dynamic_sampling_max_games=2, checkpoint_every=1000, seed=0)
+    knobs = dict(gamma=0.95, discount="turn") if algo == "gigpo" else dict(dynamic_sampling=True, dynamic_sampling_max_games=2)
+    rl = RLConfig(algo=algo, lr=3e-3, group_size=4, games_per_step=2, minibatch_size=16, checkpoint_every=1000, seed=0,
+                  **knobs)
     run = RLRun(rl=rl, reward=RewardConfig(mode="sparse"), agent=AgentConfig(history=2, max_context=512),
                 rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(), dtype="float32", levels=["cue"], n_steps=2,
-                checkpoint_dir=tmp_path / "ckpt", fingerprint="gigpo-dapo")
+                checkpoint_dir=tmp_path / "ckpt", fingerprint=algo)
     log = []
     rl_train(policy_dir, GAMES, run, cue_pool, lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
              log=lambda step, stats: log.append(stats), progress=False)
     assert len(log) == 2
     for s in log:
+        assert 0 <= s["rollout/zero_variance_groups"] <= 1
+        if algo == "gigpo":
+            assert 0 < s["gigpo/anchor_hit_rate"] <= 1 and s["gigpo/step_group_size"] >= 1
+            assert s["rollout/episodes"] == 8
+            continue
         assert 0 <= s["dapo/extra_games"] <= 2 and s["dapo/dropped_groups"] >= 0
         assert s["dapo/topped_up_groups"] <= 2
-        assert 0 < s["gigpo/anchor_hit_rate"] <= 1 and s["gigpo/step_group_size"] >= 1
-        assert 0 <= s["rollout/zero_variance_groups"] <= 1
+        # rollout/* covers every episode played, the dropped groups' too
+        assert s["rollout/episodes"] == 4 * (2 + s["dapo/extra_games"])

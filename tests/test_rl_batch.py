@@ -237,5 +237,5 @@ def test_rollout_stats_count_failed_episodes_apart():
     stats = rollout_stats([won, lost, failed], [[0.0, 1.0], [0.0], [5.0]], [0, 0, 1], group_size=2)
     assert stats == {"rollout/success": 0.5, "rollout/return": 0.5, "rollout/score": 0.5, "rollout/turns": 1.5,
                      "rollout/invalid_rate": 1 / 3, "rollout/truncated": 0.5, "rollout/context_cut": 0.5,
-                     "rollout/failed_episodes": 1.0,
+                     "rollout/failed_episodes": 1.0, "rollout/episodes": 3.0,
                      "rollout/zero_variance_groups": 0.0}

@@ -14,7 +14,13 @@ Each extra round plays up to `games_per_step` new games, until
 were played. When the cap is hit first, the batch is topped up with
 zero-variance groups (first played first), so every step trains on
 `games_per_step` groups. Failed episodes stay in their group (the batch
-builder skips them).
+builder skips them). Every episode played, dropped groups included, is kept
+in `played` for the step's `rollout/*` metrics and failure count: over the
+kept groups alone, success would lean toward mixed groups and the
+zero-variance share would be about 0 by construction.
+
+Only for estimators where equal episode returns mean zero advantage (grpo,
+rloo on R; the config refuses the others).
 """
 
 from __future__ import annotations
@@ -35,6 +41,10 @@ class DynamicSample:
     """The kept groups' episodes, group after group."""
     group_of: list[int]
     """Group index (0 .. games_per_step - 1) of each episode."""
+    played: list[Episode] = field(default_factory=list)
+    """Every episode played this step, group after group, dropped groups included."""
+    played_group_of: list[int] = field(default_factory=list)
+    """Group index of each played episode (one per group played)."""
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -65,11 +75,13 @@ def dynamic_sampling(
     games_per_step = len(games)
     kept: list[list[Episode]] = []
     spare: list[list[Episode]] = []
+    played: list[list[Episode]] = []
     extra, round_, pending = 0, 0, list(games)
     while True:
         episodes = play([g for g in pending for _ in range(group_size)], round_)
         for start in range(0, len(episodes), group_size):
             group = episodes[start : start + group_size]
+            played.append(group)
             returns = [episode_return(ep) for ep in group if not ep.failed]
             (kept if informative(returns) else spare).append(group)
         need = games_per_step - len(kept)
@@ -83,6 +95,8 @@ def dynamic_sampling(
     return DynamicSample(
         episodes=[ep for group in groups for ep in group],
         group_of=[g for g, group in enumerate(groups) for _ in group],
+        played=[ep for group in played for ep in group],
+        played_group_of=[g for g, group in enumerate(played) for _ in group],
         stats={
             "dapo/dropped_groups": float(len(spare) - len(topped_up)),
             "dapo/extra_games": float(extra),

@@ -231,7 +231,7 @@ class _TimedPool:
 
 
 def rollout_stats(episodes: list, rewards: list[list[float]], group_of: list[int], group_size: int) -> dict[str, float]:
-    """`rollout/*` metrics of one step's episodes (failed ones only counted): success, return, score,
+    """`rollout/*` metrics of one step's episodes, all it played (failed ones only counted): success, return, score,
     turns, invalid-action rate, truncation, and the share of groups whose rollouts all earned the
     same return (no group signal; group methods only)."""
     ok = [i for i, ep in enumerate(episodes) if not ep.failed]
@@ -247,6 +247,7 @@ def rollout_stats(episodes: list, rewards: list[list[float]], group_of: list[int
         "rollout/truncated": sum(ep.truncated for ep in played) / n,
         "rollout/context_cut": sum(ep.context_cut for ep in played) / n,
         "rollout/failed_episodes": float(len(episodes) - len(played)),
+        "rollout/episodes": float(len(episodes)),
     }
     if group_size >= 2 and ok:
         stats["rollout/zero_variance_groups"] = zero_variance_fraction(
@@ -334,8 +335,10 @@ def rl_train(
                 games, lambda k: rng.choices(candidates, k=k), rl.group_size, rl.dynamic_sampling_max_games,
                 lambda ep: sum(turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward)))
             episodes, group_of, dapo_stats = sample.episodes, sample.group_of, sample.stats
+            played, played_group_of = sample.played, sample.played_group_of
         else:
             episodes = run_episodes([games[g] for g in group_of], backend, encoder, timed_pool, settings)
+            played, played_group_of = episodes, group_of
         t_rollout, t_env = time.time() - t0, timed_pool.seconds
         gen_tokens = sum(len(a) for ep in episodes for a in ep.action_ids)
         # 3. batch
@@ -488,7 +491,9 @@ def rl_train(
                 "perf/policy_forwarded_per_action_token_unpacked": plain * (1 + rl.update_epochs) / actions,
             })
         # 7. log and checkpoint
-        stats.update(rollout_stats(episodes, rewards, group_of, rl.group_size))
+        played_rewards = rewards if played is episodes else [
+            turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in played]
+        stats.update(rollout_stats(played, played_rewards, played_group_of, rl.group_size))
         stats.update(dapo_stats)
         stats.update({
             "schedule/max_turns": float(max_turns),
