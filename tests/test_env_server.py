@@ -86,10 +86,11 @@ class Server:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    """Two servers of the fixed-turn family, one of the ballast family, one of TextWorld (started at once)."""
+    """Two servers of the fixed-turn family, one of the ballast family, one of the fake family, one of
+    TextWorld (started at once)."""
     log_dir = tmp_path_factory.mktemp("servers")
     started = {name: Server(family, log_dir) for name, family in
-               (("a", "fixed"), ("b", "fixed"), ("ballast", "ballast"), ("textworld", "textworld"))}
+               (("a", "fixed"), ("b", "fixed"), ("ballast", "ballast"), ("fake", "fake"), ("textworld", "textworld"))}
     try:
         for s in started.values():
             s.wait()
@@ -197,6 +198,19 @@ def test_frozen_server_times_out_only_its_episodes(servers, policy):
             assert b.stats()["episodes"] - before == 8
         finally:
             os.kill(a.proc.pid, signal.SIGCONT)
+
+
+def test_a_busy_healthy_server_is_not_taken_for_a_hung_one(servers):
+    """A server runs its env calls one at a time. Before, each request got one flat timeout, so of
+    4 healthy 0.6 s steps on one server with a 1 s timeout 3 failed as "no answer in time", and the
+    server was set aside as hung. Now each request gets the timeout once per call queued with it."""
+    games = [GameSpec(path=f"g{i}", level="x", env="fake", seed=i) for i in range(4)]
+    with RemotePool("fake", [servers["fake"].url], timeout=1.0, start_timeout=60) as pool:
+        pool.reset(games)
+        res = pool.step(["slow"] * 4)
+        assert not any(r.failed for r in res), pool.last_errors
+        assert [r.obs.text for r in res] == [f"slow 1 in game {i}" for i in range(4)]
+        assert all(o is not None for o in pool.reset(games)) and pool.failures == 0
 
 
 def test_server_memory_is_flat_over_1000_episodes(servers):

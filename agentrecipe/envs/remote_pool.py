@@ -93,7 +93,8 @@ class RemotePool:
         self.family = family
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout = timeout
-        """Seconds a reset or step may take before its episode fails."""
+        """Seconds one env call may take. A server runs its env calls one at a time, so a request
+        waits for the others of the same call on its server: it gets `timeout` x their number."""
         self.connect_timeout = connect_timeout
         self.retry_after = retry_after
         self.start_timeout = start_timeout
@@ -174,9 +175,11 @@ class RemotePool:
         await asyncio.gather(*(self._drop(s) for s in list(self._sessions)))
 
     # ---------------------------------------------------------------- episodes
-    async def _reset_one(self, slot: int, server: int, game: GameSpec) -> tuple[bool, Any]:
-        limit = self.timeout + (0.0 if server in self._warm else self.start_timeout)
-        client = FamilyClient(self.urls[server], connect_timeout_s=self.connect_timeout, message_timeout_s=limit)
+    async def _reset_one(self, slot: int, server: int, game: GameSpec, calls: int) -> tuple[bool, Any]:
+        """`calls`: env calls of this reset queued on the server (this one included)."""
+        limit = self.timeout * calls + (0.0 if server in self._warm else self.start_timeout)
+        # every request is bounded by the wait_for around it, which knows how many share the server
+        client = FamilyClient(self.urls[server], connect_timeout_s=self.connect_timeout, message_timeout_s=None)
         self._sessions[slot] = (server, client)
         try:
             result = await asyncio.wait_for(client.reset(game=GameModel.from_spec(game).model_dump()),
@@ -198,15 +201,18 @@ class RemotePool:
         for s in payload:
             assigned[s] = min(live, key=lambda i: (load[i], i))
             load[assigned[s]] += 1
-        answers = await asyncio.gather(*(self._reset_one(s, assigned[s], g) for s, g in payload.items()))
+        calls = Counter(assigned.values())
+        answers = await asyncio.gather(*(self._reset_one(s, assigned[s], g, calls[assigned[s]])
+                                         for s, g in payload.items()))
         return dict(zip(payload, answers))
 
-    async def _step_one(self, slot: int, action: str) -> tuple[bool, Any]:
+    async def _step_one(self, slot: int, action: str, calls: Counter) -> tuple[bool, Any]:
+        """`calls`: env calls of this step queued on each server."""
         if slot not in self._sessions:
             return False, "no episode in this slot (reset it first)"
         server, client = self._sessions[slot]
         try:
-            result = await asyncio.wait_for(client.step(TextAction(text=action)), self.timeout)
+            result = await asyncio.wait_for(client.step(TextAction(text=action)), self.timeout * calls[server])
         except Exception as e:  # noqa: BLE001
             self._note_failure(server, e)
             await self._drop(slot, cut=_timed_out(e))
@@ -217,7 +223,8 @@ class RemotePool:
         return True, (obs.observation(), float(obs.reward or 0.0), bool(obs.done), obs.info)
 
     async def _step(self, payload: dict[int, str]) -> dict[int, tuple[bool, Any]]:
-        answers = await asyncio.gather(*(self._step_one(s, a) for s, a in payload.items()))
+        calls = Counter(self._sessions[s][0] for s in payload if s in self._sessions)
+        answers = await asyncio.gather(*(self._step_one(s, a, calls) for s, a in payload.items()))
         return dict(zip(payload, answers))
 
     # ---------------------------------------------------------------- EnvPool's interface
