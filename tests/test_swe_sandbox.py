@@ -164,3 +164,67 @@ def test_environment_variables_do_not_leak(task, monkeypatch):
     monkeypatch.setenv("SECRET_TOKEN", "abc")
     res = run_limited([sys.executable, "-c", "import os; print(sorted(os.environ))"], "/tmp", Limits())
     assert "HTTPS_PROXY" not in res.output and "SECRET_TOKEN" not in res.output
+
+
+# The tests' code is the model's: it must not be able to score itself, hang the env process
+# (which runs outside the sandbox) or make it write outside the episode folder.
+def test_a_test_that_skips_itself_is_not_a_pass(task):
+    """Before, a skip counted as passed: one edit (`pytest.skip()`) resolved the task."""
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    obs, info, _ = plant(env, r"import pytest\npytest.skip('not today')")
+    assert info["pass_ratio"] == 0.5 and "FAILED tests/test_calc.py::test_add: skipped" in obs.text
+    obs, _, done, _ = env.step("submit")
+    assert done and "Not resolved" in obs.text
+    env.close()
+
+
+def test_a_report_forged_by_the_tests_is_not_trusted(task):
+    """Before, code run by the tests rewrote the report at exit and won with `add` still broken."""
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    forged = {"tests": {t: {"passed": True, "skipped": False, "message": ""}
+                        for t in ("tests/test_calc.py::test_add", "tests/test_calc.py::test_shout")}}
+    code = (rf"import atexit, json\ndef forge():\n\tjson.dump({forged!r}, open('.swe_report.json', 'w'))\n"
+            r"atexit.register(forge)\nreturn a - b")
+    obs, info, _ = plant(env, code)
+    assert info["pass_ratio"] == 0.0 and "pytest exited with code 1" in obs.text, obs.text
+    assert env.stats["report_mismatch"] == 1
+    env.close()
+
+
+def test_fifos_left_by_the_tests_do_not_hang_the_env(task):
+    """Before, a FIFO in place of the report (or named *.py, for `search`) blocked the env process
+    for good: it reads them outside the sandbox, where no time limit applies."""
+    env = swe.make_env({"packages": [SPEC], "timeout": 10.0})
+    env.reset(task)
+    code = (r"import atexit, os\nos.path.exists('calc/zz.py') or os.mkfifo('calc/zz.py')\n"
+            r"def fifo():\n\tos.remove('.swe_report.json')\n\tos.mkfifo('.swe_report.json')\n"
+            r"atexit.register(fifo)\nreturn a + b")
+    out = []
+    thread = threading.Thread(target=lambda: out.append((plant(env, code), env.step("search return"))), daemon=True)
+    thread.start()
+    thread.join(90)
+    assert out, "the env hung on a FIFO"
+    (obs, info, _), (found, *_) = out[0]
+    assert info["pass_ratio"] == 0.0 and "tests pass" in obs.text  # no report to read: nothing passed
+    assert "matches for 'return'" in found.text
+    env.close()
+
+
+def test_restoring_the_test_files_never_writes_through_a_symlink(task, tmp_path):
+    """Before, the tests' code swapped tests/ for a symlink and the next run's restore (outside the
+    sandbox) overwrote a file of that name wherever the link pointed."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "test_calc.py").write_text("precious\n")
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    code = (rf"import atexit, os, shutil\ndef swap():\n\tshutil.rmtree('tests')\n\tos.symlink({str(victim)!r}, 'tests')\n"
+            r"atexit.register(swap)\nreturn a + b")
+    plant(env, code)
+    assert (env.root / "tests").is_symlink()
+    obs, _, _, info = env.step("run_tests")
+    assert (victim / "test_calc.py").read_text() == "precious\n"
+    assert info["pass_ratio"] == 1.0, obs.text  # restored into the repo, and run (the swap then ran again)
+    env.close()

@@ -88,6 +88,25 @@ def edit_lines(lines: list[str], start: int, end: int, text: str) -> tuple[list[
     return lines[: start - 1] + new + lines[end:], len(new)
 
 
+def restore(src: Path, root: Path, rel: str) -> None:
+    """Copy `src` to root/rel, replacing whatever the tests' code left on the way: a symlinked
+    folder (writing through it would write outside the episode), a file where a folder belongs,
+    a folder or FIFO where the file belongs. This process is not sandboxed, so it never follows
+    a link the model's code made."""
+    path = root
+    for part in Path(rel).parts[:-1]:
+        path = path / part
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            path.unlink()
+        path.mkdir(exist_ok=True)
+    dst = path / Path(rel).name
+    if dst.is_dir() and not dst.is_symlink():
+        shutil.rmtree(dst)
+    elif dst.is_symlink() or dst.exists():
+        dst.unlink()
+    shutil.copy2(src, dst)
+
+
 def _lines(text: str) -> list[str]:
     return text.split("\n")
 
@@ -217,7 +236,8 @@ class SWEEnv:
             raise CommandError("usage: search TEXT")
         hits = []
         for path in sorted(self.root.rglob("*.py")):
-            if path.is_symlink() or "__pycache__" in path.parts:
+            # only regular files: the tests' code may have left a FIFO named *.py (reading it blocks)
+            if path.is_symlink() or not path.is_file() or "__pycache__" in path.parts:
                 continue
             rel = str(path.relative_to(self.root))
             for n, line in enumerate(_lines(path.read_text(errors="replace")), 1):
@@ -255,15 +275,14 @@ class SWEEnv:
     def _run(self) -> tuple[float, str, dict]:
         """Restore the test files, run the task's tests in the sandbox; (pass ratio, report, sandbox info)."""
         for rel in self.task["test_files"]:
-            dst = self.root / rel
-            if dst.is_symlink() or dst.exists():
-                dst.unlink() if not dst.is_dir() or dst.is_symlink() else shutil.rmtree(dst)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(self.task_dir / "repo" / rel, dst)
+            restore(self.task_dir / "repo" / rel, self.root, rel)
         tests = self.task["FAIL_TO_PASS"] + self.task["PASS_TO_PASS"]
         report, res = pytest_run(self.root, tests, self.limits)
         outcomes = report.get("tests", {})
         failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
+        mismatch = not failed and res.returncode != 0  # the report says all pass, pytest does not:
+        if mismatch:  # the tests' code wrote the report; trust none of it
+            outcomes, failed = {}, list(tests)
         ratio = (len(tests) - len(failed)) / len(tests)
         self.stats["runs"] += 1
         self.stats["run_seconds"] += res.seconds
@@ -272,6 +291,9 @@ class SWEEnv:
         elif res.returncode < 0:  # a signal: RLIMIT_CPU (SIGXCPU), RLIMIT_FSIZE (SIGXFSZ), ...
             self.stats["killed"] += 1
         text = f"{len(tests) - len(failed)}/{len(tests)} tests pass."
+        if mismatch:
+            self.stats["report_mismatch"] += 1
+            text += f" The run's report said every test passed, but pytest exited with code {res.returncode}."
         if res.timed_out:
             text += f" The run was stopped after {self.limits.wall_s:.0f} s (time limit)."
         if res.output_limited:

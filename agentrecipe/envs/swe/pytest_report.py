@@ -1,7 +1,8 @@
 """A pytest plugin (``-p agentrecipe.envs.swe.pytest_report``) that writes each test's outcome as JSON.
 
-``--swe-report PATH``: {"tests": {nodeid: {"passed": bool, "message": str}}} where a test
-passes when its setup, call and teardown all pass (a skip counts as passed);
+``--swe-report PATH``: {"tests": {nodeid: {"passed": bool, "skipped": bool, "message": str}}} where a
+test passes when its setup, call and teardown all pass; a skip (or xfail) is not a pass, so an edit
+that makes a failing test skip itself does not fix it;
 ``message`` is the one-line crash message of the first failing phase
 (e.g. ``AssertionError: assert 'Foo' == 'foo'``).
 ``--swe-trace F1,F2,...`` (files relative to the root) also records which tests executed
@@ -61,9 +62,11 @@ class _Recorder:
             threading.settrace(None)
 
     def pytest_runtest_logreport(self, report) -> None:
-        entry = self.tests.setdefault(report.nodeid, {"passed": True, "message": ""})
-        if report.failed and entry["passed"]:
-            entry["passed"] = False
+        entry = self.tests.setdefault(report.nodeid, {"passed": True, "skipped": False, "message": ""})
+        if report.skipped and entry["passed"]:
+            entry.update(passed=False, skipped=True, message="skipped")
+        elif report.failed and (entry["passed"] or entry["skipped"]):
+            entry.update(passed=False, skipped=False)
             crash = getattr(report.longrepr, "reprcrash", None)
             text = crash.message if crash is not None else str(report.longrepr)
             entry["message"] = (f"[{report.when}] " if report.when != "call" else "") + text.strip()[:500]

@@ -171,7 +171,7 @@ class Builder:
         if m.key not in self.verdicts:
             tests = sorted(pkg.coverage[m.file][str(m.line)])
             out = self.run_mutated(pkg, [m], tests)
-            if out is not None and all(o["passed"] for o in out.values()):
+            if out is not None and all(o["passed"] or o.get("skipped") for o in out.values()):
                 self.counts["no tests failed"] += 1
                 out = None
             self.verdicts[m.key] = out
@@ -225,7 +225,7 @@ def write_task(builder: Builder, pkg: Package, chosen: list[mutate.Mutation], le
     outcomes = builder.run_mutated(pkg, chosen, sorted(set(touched) | set(sample)))
     if outcomes is None:
         return None
-    f2p = sorted(t for t, o in outcomes.items() if not o["passed"])
+    f2p = sorted(t for t, o in outcomes.items() if not o["passed"] and not o.get("skipped"))
     p2p = sorted(t for t in set(touched) | set(sample) if outcomes.get(t, {}).get("passed"))
     p2p = sorted(rng.sample(p2p, min(len(p2p), int(opts["p2p"]))))
     if not f2p:
