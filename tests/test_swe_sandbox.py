@@ -7,6 +7,7 @@ agent would) and runs the tests with `run_tests`; tests/test_calc.py::test_add c
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import threading
@@ -17,7 +18,8 @@ import pytest
 
 from agentrecipe.envs import swe
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.envs.swe.sandbox import ISOLATION, Limits, make_pids_cgroup, remove_pids_cgroup, resolve_inside, run_limited
+from agentrecipe.envs.swe.sandbox import (ISOLATION, SANDBOX_UIDS, Limits, make_pids_cgroup, remove_pids_cgroup,
+                                          resolve_inside, run_limited)
 from tests.swe_fixture import CALC, SPEC
 
 ADD_LINE = 5  # `    return a + b` in calc/ops.py
@@ -227,4 +229,35 @@ def test_restoring_the_test_files_never_writes_through_a_symlink(task, tmp_path)
     obs, _, _, info = env.step("run_tests")
     assert (victim / "test_calc.py").read_text() == "precious\n"
     assert info["pass_ratio"] == 1.0, obs.text  # restored into the repo, and run (the swap then ran again)
+    env.close()
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: without root the run keeps the caller's uid")
+def test_the_tests_code_runs_as_a_user_who_may_write_only_in_its_folder(task, tmp_path):
+    """Before, the tests' code ran as root: it could write anywhere (site-packages, this project),
+    read this process's environment, and leave its cgroup to outlive the run."""
+    site = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    targets = {"outside": tmp_path / "outside.txt", "site": site / f"zz_sandbox_{tmp_path.name}.pth",
+               "project": Path(swe.__file__).parent / f"zz_sandbox_{tmp_path.name}.txt",
+               "cgroup": Path("/sys/fs/cgroup/pids/cgroup.procs")}
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    code = (rf"import os\nlog = open('escape.txt', 'w')\nfor name, path in {dict((k, str(v)) for k, v in targets.items())!r}.items():"
+            r"\n\ttry:\n\t\topen(path, 'a').write(str(os.getpid()))\n\t\tlog.write(name + ' written' + chr(10))"
+            r"\n\texcept OSError as e:\n\t\tlog.write(name + ' ' + type(e).__name__ + chr(10))"
+            r"\nfor name, call in (('environ', lambda: open(f'/proc/{os.getppid()}/environ').read()),"
+            r" ('signal', lambda: os.kill(os.getppid(), 0))):\n\ttry:\n\t\tcall()\n\t\tlog.write(name + ' done' + chr(10))"
+            r"\n\texcept OSError as e:\n\t\tlog.write(name + ' ' + type(e).__name__ + chr(10))"
+            r"\nlog.write(f'uid {os.getuid()}' + chr(10))\nlog.close()\nreturn a + b")
+    try:
+        obs, info, _ = plant(env, code)
+        log = (env.root / "escape.txt").read_text().splitlines()
+    finally:
+        for key in ("outside", "site", "project"):
+            targets[key].unlink(missing_ok=True)
+    assert info["pass_ratio"] == 1.0, obs.text  # it ran, wrote its own folder, and the tests passed
+    assert not any(line.endswith((" written", " done")) for line in log), log
+    assert {line.split()[0] for line in log} == {*targets, "environ", "signal", "uid"}
+    assert int(log[-1].split()[1]) in SANDBOX_UIDS
+    assert (env.root / "escape.txt").stat().st_uid == os.getuid()  # the folder is ours again after the run
     env.close()

@@ -212,7 +212,7 @@ def run_tests(root: Path, tests: list[str], limits: Limits, trace: list[str] | N
     """(report, RunResult) of pytest on `tests` (all when empty) in folder `root`."""
     report = root / ".swe_report.json"
     remove_report(report)
-    res = run_limited(pytest_argv(report.name, tests, trace), root, limits, python_path(root))
+    res = run_limited(pytest_argv(report.name, tests, trace), root, limits, python_path(root), writable=True)
     data = read_report(report)
     remove_report(report)
     return data, res

@@ -8,16 +8,22 @@
 - CPU seconds, address space and file size: ``resource.setrlimit`` in the child before
   exec (RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE);
 - processes: a pids cgroup of its own (``pids.max = limits.nproc``; cgroup v1 or v2) when
-  this process may create one (root), whose members are all killed at the end; else
-  RLIMIT_NPROC, which counts every process of the user (set to the user's processes now
-  plus ``limits.nproc``) and which the kernel never applies to uid 0;
+  this process may create one (root), whose members are all killed at the end; and
+  RLIMIT_NPROC (as root: ``limits.nproc`` for the run's own uid; else the user's processes
+  now plus ``limits.nproc``, since it counts every process of the user);
 - output: at most ``limits.max_output`` bytes are kept; past that the group is killed;
 - network: as root, the child enters an empty network namespace (``unshare(CLONE_NEWNET)``:
-  no interfaces, not even a working loopback), then drops CAP_SYS_ADMIN and
-  CAP_SYS_RESOURCE from its capability bounding set, so after exec it cannot leave the
-  namespace or its cgroup. Without root no namespace can be made: proxy variables are
-  unset instead; `ISOLATION` says which applies;
-- environment: a fixed, small set of variables (no proxies, no tokens of the caller).
+  no interfaces, not even a working loopback). Without root no namespace can be made: proxy
+  variables are unset instead; `ISOLATION` says which applies;
+- user: as root, the child then becomes a fresh unprivileged uid of its own (`SANDBOX_UIDS`,
+  one per run, no supplementary groups, no_new_privs). It keeps one capability,
+  CAP_DAC_READ_SEARCH (ambient), so it can read the interpreter and the packages wherever
+  they are installed (pyenv under a 0700 /root), and nothing else: it writes only where
+  anyone may (/tmp) and in the folders lent to it (``writable=True``: the run folder, chowned
+  to it for the run and back after), cannot signal or trace this process or any other, nor
+  leave its cgroup or namespace. Without root the run keeps the caller's uid;
+- environment: a fixed, small set of variables (no proxies, no tokens of the caller; TMPDIR
+  a folder of the run's own when it has a uid of its own).
 
 Paths the agent names are checked by `resolve_inside` (no absolute paths, nothing that
 resolves outside the folder, no symlinks on the way).
@@ -28,18 +34,34 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
-PR_CAPBSET_DROP = 24
-CAP_SYS_ADMIN, CAP_SYS_RESOURCE = 21, 24
+PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 24, 38, 47, 2
+CAP_DAC_READ_SEARCH = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SANDBOX_UIDS = range(2_000_000, 3_000_000)
+"""The uids (and gids) runs get as root, one drawn per run: no account has them, so a run owns
+nothing but what it is lent, and two runs cannot touch each other's files or processes."""
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 @dataclass(frozen=True)
@@ -153,8 +175,28 @@ def remove_pids_cgroup(group: Path) -> None:
             time.sleep(0.1)
 
 
-def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None):
+def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid: int | None):
     libc = ctypes.CDLL(None, use_errno=True)
+    last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if uid is not None else 0
+
+    def become(uid: int) -> None:
+        """A fresh unprivileged uid keeping CAP_DAC_READ_SEARCH only (exits the child on any failure)."""
+        for cap in range(last_cap + 1):
+            if cap != CAP_DAC_READ_SEARCH and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                os._exit(124)
+        if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
+            os._exit(125)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        data = (_CapData * 2)()
+        data[0].effective = data[0].permitted = data[0].inheritable = 1 << CAP_DAC_READ_SEARCH
+        if libc.capset(ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), ctypes.byref(data)) != 0:
+            os._exit(126)
+        if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0) != 0:
+            os._exit(127)  # (127 is also the shell's "not found": the message says which)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            os._exit(128)
 
     def setup() -> None:  # runs in the child between fork and exec
         os.setsid()  # own process group: killed as one
@@ -164,12 +206,10 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None):
                     f.write(str(os.getpid()))
             except OSError:
                 os._exit(123)
-        if isolate:
-            if libc.unshare(CLONE_NEWNET) != 0:
-                os._exit(121)  # never run without the namespace we promised
-            for cap in (CAP_SYS_ADMIN, CAP_SYS_RESOURCE):  # gone from the exec'd program
-                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                    os._exit(122)
+        if isolate and libc.unshare(CLONE_NEWNET) != 0:
+            os._exit(121)  # never run without the namespace we promised
+        if uid is not None:
+            become(uid)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         mem = limits.memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -187,14 +227,58 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[str, str] | None = None) -> RunResult:
-    """Run `argv` in `folder` inside `limits`; never raises for what the child does."""
+def chown_tree(folder: Path, uid: int, gid: int) -> None:
+    """Give `folder` and everything in it to uid:gid without following links; a file with other
+    hard links is left alone (its other names may lie outside the folder)."""
+    for dirpath, dirnames, filenames in os.walk(folder):
+        os.lchown(dirpath, uid, gid)
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) or info.st_nlink == 1:
+                os.lchown(path, uid, gid)
+
+
+@contextmanager
+def lent(folder: Path, uid: int | None):
+    """`folder` belongs to `uid` inside the block and to its owner again after it."""
+    if uid is None:
+        yield
+        return
+    owner = os.stat(folder)
+    chown_tree(folder, uid, uid)
+    try:
+        yield
+    finally:
+        chown_tree(folder, owner.st_uid, owner.st_gid)
+
+
+def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[str, str] | None = None,
+                writable: bool = False) -> RunResult:
+    """Run `argv` in `folder` inside `limits`; never raises for what the child does.
+
+    writable: lend `folder` to the run (as root the run has a uid of its own, which may write
+    only where it is let); without it, a run as root can write in `folder` only if anyone may."""
     start = time.perf_counter()
+    folder = Path(folder)
+    uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS)) if ISOLATION == "netns" else None
+    tmp = Path(tempfile.mkdtemp(prefix="agentrecipe-sandbox-")) if uid is not None else None
+    try:
+        with lent(folder, uid if writable else None), lent(tmp, uid) if tmp else nullcontext():
+            extra = {**(env or {}), **({"TMPDIR": str(tmp)} if tmp else {})}
+            return _run(argv, folder, limits, extra, uid, start)
+    finally:
+        if tmp is not None:
+            remove_tree(tmp)
+
+
+def _run(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], uid: int | None,
+         start: float) -> RunResult:
     group = make_pids_cgroup(limits.nproc)
-    nproc = user_processes() + limits.nproc
+    nproc = limits.nproc if uid is not None else user_processes() + limits.nproc
     proc = subprocess.Popen(argv, cwd=str(folder), env=clean_env(env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group))
+                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group, uid))
     chunks: list[bytes] = []
     over = threading.Event()
 
