@@ -19,6 +19,7 @@ import functools
 import re
 import types
 import typing
+from fractions import Fraction
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -272,8 +273,9 @@ class BudgetConfig:
 
     @property
     def n_demos(self) -> int:
-        """Demonstrations bought: floor(total * fraction / demo_cost)."""
-        return int(self.total_units * self.sft_fraction // self.demo_cost)
+        """Demonstrations bought: floor(total * fraction / demo_cost), in exact arithmetic on the fraction
+        as written (in floats 100 * 0.29 = 28.999..., one demonstration short)."""
+        return int(Fraction(repr(self.sft_fraction)) * self.total_units // self.demo_cost)
 
     @property
     def rl_episodes(self) -> int:

@@ -32,8 +32,15 @@ def main() -> None:
     games = pick_demo_games(read_manifest(args.envs, split="train"), env_cfg.levels, budget.n_demos)
     encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
     rows = []
+    turns = cut = 0
     for game, observations, actions in replay_games(env_cfg, games):
-        rows += transcript_rows(encoder, game, observations, actions)
+        game_rows = transcript_rows(encoder, game, observations, actions, agent)
+        turns += len(actions)
+        cut += game_rows[0]["turns_cut"] if game_rows else len(actions)
+        rows += game_rows
+    if cut:
+        print(f"gen_sft_data: {cut} of {turns} expert turns left out: their prompts outgrow agent.max_context="
+              f"{agent.max_context}, where the policy's episodes end (raise it, or shorten agent.history)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # One shard even when empty: datasets saves zero rows as zero shards, which load_from_disk cannot read.

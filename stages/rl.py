@@ -1,6 +1,7 @@
 """Stage rl: multi-turn RL from the SFT model (the base model when SFT was skipped).
 
-Runs budget.rl_episodes episodes (rl.games_per_step x rl.group_size per step),
+Runs the whole steps budget.rl_episodes pays for (rl.games_per_step x rl.group_size episodes
+per step and rank; the remainder is left unspent and printed),
 logs DVCLive metrics each step, checkpoints every rl.checkpoint_every steps
 under --checkpoints/<fingerprint>/ (persistent) and resumes from the newest intact
 checkpoint of the same fingerprint when rerun after a kill. The fingerprint covers
@@ -81,6 +82,11 @@ def main() -> None:
     start = time.time()
     env, rl = cfg["env"], cfg["rl"]
     n_steps = num_steps(cfg["budget"].rl_episodes, rl, dist.world_size())
+    played = n_steps * rl.episodes_per_step * dist.world_size()
+    if is_rank0() and played < cfg["budget"].rl_episodes:
+        print(f"rl: budget.rl_episodes {cfg['budget'].rl_episodes} buys {n_steps} whole steps of "
+              f"{rl.episodes_per_step} episodes x {dist.world_size()} rank(s) = {played} episodes; "
+              f"{cfg['budget'].rl_episodes - played} left unspent")
     checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
     fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)])
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,

@@ -121,6 +121,9 @@ def test_budget_split(fraction, demos, episodes):
 def test_budget_split_rounds_demos_down():
     b = BudgetConfig(total_units=105, demo_cost=10, sft_fraction=0.5)  # 52.5 units -> 5 demos, 55 episodes
     assert (b.n_demos, b.rl_episodes) == (5, 55)
+    # exact arithmetic: in floats 100 * 0.29 = 28.999... gave 28 demonstrations
+    assert [BudgetConfig(total_units=t, demo_cost=c, sft_fraction=f).n_demos
+            for t, c, f in [(100, 1, 0.29), (100, 1, 0.57), (200, 2, 0.58), (400, 1, 0.58)]] == [29, 57, 58, 232]
 
 
 def test_keep_best_needs_validation():

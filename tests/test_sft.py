@@ -55,8 +55,11 @@ def test_sft_lowers_action_loss_and_replays_the_expert(tw_games):
         loss_before = action_nll(model, batch).item()
     agree_before = expert_agreement(model, enc, observations, actions)
 
+    lrs = []
     engine = sft_train(model, tok.pad_token_id, rows, SFTConfig(lr=3e-3, epochs=40, batch_size=4, warmup_steps=5),
-                       DeepSpeedConfig())
+                       DeepSpeedConfig(), log=lambda step, m: lrs.append(m["train/lr"]))
+    # train/lr is the rate each step applied (before, the next step's: 2/5 first, 0 last)
+    assert lrs[:2] == pytest.approx([3e-3 / 5, 2 * 3e-3 / 5]) and lrs[-1] > 0
     trained = unwrap(engine)
     with torch.no_grad():
         loss_after = action_nll(trained, batch).item()
@@ -81,3 +84,88 @@ def test_packed_action_nll_equals_the_padded_reference():
     logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
     reference = -(logp * batch["action_mask"]).sum() / batch["action_mask"].sum()
     assert action_nll(model, batch).item() == pytest.approx(reference.item(), abs=1e-6)
+
+
+class _RoomsEnv:
+    """Eight rooms in a row, each with a long description: prompts grow with full history."""
+
+    PLAN = ("go north", "take lamp", "open box", "go south", "take key", "unlock door", "go east", "look")
+
+    def reset(self, game):
+        self.t = 0
+        return self._obs()
+
+    def _obs(self, won=False):
+        from agentrecipe.envs.base import Observation
+
+        return Observation(text=f"You are in room {self.t}. A long description of room {self.t} follows here.",
+                           objective="Find the key and leave.", admissible_commands=self.PLAN[self.t:self.t + 3] or ("look",),
+                           score=float(won), max_score=1.0, won=won)
+
+    def step(self, action):
+        self.t += 1
+        won = self.t >= len(self.PLAN)
+        return self._obs(won), float(won), won, {}
+
+    def close(self):
+        pass
+
+
+class _RoomsPool:
+    def reset(self, games):
+        self.envs = [_RoomsEnv() for _ in games]
+        return [e.reset(g) for e, g in zip(self.envs, games)]
+
+    def step(self, actions):
+        from agentrecipe.envs.pool import StepResult
+
+        return [None if a is None else StepResult(*e.step(a)) for e, a in zip(self.envs, actions)]
+
+
+class _ExpertBackend:
+    """Replies the expert's next action and records every prompt the rollout sends."""
+
+    exact_logprobs = True
+
+    def __init__(self, enc):
+        self.enc, self.prompts = enc, []
+
+    def generate(self, prompts, params, tries=None, keys=None):
+        from agentrecipe.rollout.backend import Generation
+
+        ids = self.enc.encode_action(_RoomsEnv.PLAN[len(self.prompts)])
+        self.prompts += prompts
+        return [Generation(ids, [0.0] * len(ids))]
+
+    def release(self, keys=None):
+        pass
+
+
+@pytest.mark.parametrize("history", [-1, 2])
+@pytest.mark.parametrize("max_context", [4096, 300])
+def test_sft_prompts_are_the_rollouts_and_stop_where_its_context_does(history, max_context):
+    """Before, demonstrations ignored agent.max_context: with a full history SFT trained on prompts
+    (and positions) the policy never gets, since the rollout ends the episode there."""
+    from agentrecipe.config import AgentConfig
+    from agentrecipe.envs.base import GameSpec
+    from agentrecipe.rollout.engine import RolloutSettings, run_episodes
+
+    game = GameSpec(path="g", level="L", env="rooms", seed=0, expert_plan=_RoomsEnv.PLAN)
+    observations, actions = replay_expert(_RoomsEnv(), game)
+    tok = train_tokenizer(corpus_texts(observations, actions) * 3, 400)
+    enc = PromptEncoder(tok, show_admissible=True, history=history)
+    agent = AgentConfig(history=history, max_context=max_context, max_action_tokens=8, decoding="admissible")
+    rows = transcript_rows(enc, game, observations, actions, agent)
+    backend = _ExpertBackend(enc)
+    settings = RolloutSettings(max_turns=20, decoding="admissible", max_context=max_context, max_action_tokens=8,
+                               temperature=0.0)
+    episode = run_episodes([game], backend, enc, _RoomsPool(), settings)[0]
+    if history < 0:  # one row: turn t's prompt is everything before its first action token
+        row = rows[0]
+        starts = [i for i, t in enumerate(row["turn_ids"]) if t >= 0 and (i == 0 or row["turn_ids"][i - 1] != t)]
+        sft_prompts = [row["input_ids"][:i] for i in starts]
+    else:
+        sft_prompts = [r["input_ids"][:r["action_mask"].index(1)] for r in rows]
+    assert sft_prompts == backend.prompts
+    assert episode.context_cut == (rows[0]["turns_cut"] > 0) == (history < 0 and max_context == 300)
+    assert rows[0]["turns_cut"] == len(actions) - len(backend.prompts)

@@ -150,6 +150,13 @@ class PromptEncoder:
         return ids, mask, turns
 
 
+def fits_context(prompt_len: int, max_action_tokens: int, longest_command: int | None, max_context: int) -> bool:
+    """Whether a turn is played: its prompt plus room for the reply fit agent.max_context (the
+    reply room is max_action_tokens, or the longest admissible command's tokens when decoding is
+    constrained to them and that is longer). Otherwise the episode ends there (context_cut)."""
+    return prompt_len + max(max_action_tokens, longest_command or 0) <= max_context
+
+
 def parse_reply(text: str, max_chars: int = 100) -> str | None:
     """One action from a model reply, or None for a malformed reply (empty or not a command)."""
     line = text.strip().splitlines()[0].strip() if text.strip() else ""

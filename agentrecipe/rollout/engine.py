@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from agentrecipe.agent.decoding import TokenTrie
-from agentrecipe.agent.prompt import INVALID_REPLY, PromptEncoder, parse_reply
+from agentrecipe.agent.prompt import INVALID_REPLY, PromptEncoder, fits_context, parse_reply
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.rollout.backend import GenerationBackend, SamplingParams
 from agentrecipe.rollout.episode import Episode, end_episodes, start_episodes
@@ -128,10 +128,8 @@ class _Rollout:
             ids, _, _ = encoder.prompt(ep.observations, ep.action_ids, self.caches[i])
             trie = (_admissible_trie(encoder, ep, self.caches[i], self.command_ids)
                     if settings.decoding == "admissible" else None)
-            reply_room = settings.max_action_tokens
-            if trie is not None:
-                reply_room = max(reply_room, self.caches[i]["longest"])
-            if len(ids) + reply_room > settings.max_context:
+            longest = self.caches[i]["longest"] if trie is not None else None
+            if not fits_context(len(ids), settings.max_action_tokens, longest, settings.max_context):
                 ep.done, ep.truncated, ep.context_cut = True, True, True
                 ended.append(i)
                 continue

@@ -74,6 +74,7 @@ def sft_train(
             shard = order[b : b + cfg.batch_size][rank::world] or order[b : b + 1]
             batch = {k: v.to(engine.device) for k, v in collate([rows[i] for i in shard], pad_id).items()}
             loss = action_nll(engine, batch)
+            lr = engine.get_lr()[0]  # the rate this step applies (step() moves the schedule on)
             engine.backward(loss)
             engine.step()
             step += 1
@@ -81,7 +82,7 @@ def sft_train(
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if log is not None:
-                log(step, {"train/loss": loss.item(), "train/lr": engine.get_lr()[0], "train/epoch": epoch,
+                log(step, {"train/loss": loss.item(), "train/lr": lr, "train/epoch": epoch,
                            "perf/tokens_per_s": tokens / max(time.time() - start, 1e-9)})
     bar.close()
     return engine

@@ -7,7 +7,8 @@ Each expert action is one assistant turn. A row holds `input_ids`, an
 
 from __future__ import annotations
 
-from agentrecipe.agent.prompt import PromptEncoder, training_sequences
+from agentrecipe.agent.prompt import PromptEncoder, fits_context, training_sequences
+from agentrecipe.config import AgentConfig
 from agentrecipe.envs.base import GameSpec, Observation
 
 
@@ -30,11 +31,31 @@ def pick_demo_games(train_games: list[GameSpec], levels: list[str], n: int) -> l
     return picked
 
 
-def transcript_rows(encoder: PromptEncoder, game: GameSpec, observations: list[Observation], actions: list[str]) -> list[dict]:
-    """Dataset rows of one demonstration (one row, or one per turn with a history window)."""
+def turns_in_context(encoder: PromptEncoder, observations: list[Observation], action_ids: list[list[int]],
+                     agent: AgentConfig) -> int:
+    """How many of a demonstration's turns the policy gets to play: the rollout ends an episode at
+    the first turn whose prompt and reply room outgrow agent.max_context (`fits_context`)."""
+    for t in range(len(action_ids)):
+        ids, _, _ = encoder.prompt(observations[: t + 1], action_ids[:t])
+        longest = None
+        if agent.decoding == "admissible":
+            longest = max(len(encoder.encode_action(c)) for c in observations[t].admissible_commands or ("look",))
+        if not fits_context(len(ids), agent.max_action_tokens, longest, agent.max_context):
+            return t
+    return len(action_ids)
+
+
+def transcript_rows(encoder: PromptEncoder, game: GameSpec, observations: list[Observation], actions: list[str],
+                    agent: AgentConfig | None = None) -> list[dict]:
+    """Dataset rows of one demonstration (one row, or one per turn with a history window).
+
+    With `agent`, only the turns the policy would play within agent.max_context are kept: SFT
+    on a prompt the rollout never sends (or past the context RL and evaluation use) trains on
+    states the policy never sees. `rows[i]["turns_cut"]` counts the turns left out."""
     action_ids = [encoder.encode_action(a) for a in actions]
+    kept = len(action_ids) if agent is None else turns_in_context(encoder, observations, action_ids, agent)
     rows = []
-    for ids, mask, turns in training_sequences(encoder, observations, action_ids):
+    for ids, mask, turns in training_sequences(encoder, observations, action_ids[:kept]):
         rows.append(
             {
                 "game": game.path,
@@ -45,6 +66,7 @@ def transcript_rows(encoder: PromptEncoder, game: GameSpec, observations: list[O
                 "turn_ids": turns,
                 "text": encoder.tokenizer.decode(ids),
                 "actions": list(actions),
+                "turns_cut": len(action_ids) - kept,
             }
         )
     return rows
