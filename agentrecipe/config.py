@@ -282,6 +282,11 @@ class BudgetConfig:
         """Episodes left for RL after paying for the demonstrations."""
         return self.total_units - self.n_demos * self.demo_cost
 
+    def rl_steps(self, episodes_per_step: int, world_size: int = 1) -> int:
+        """RL steps the budget pays for: rl_episodes / (episodes_per_step * ranks), rounded down (every
+        rank plays its own rl.games_per_step x rl.group_size episodes a step; the rest stays unspent)."""
+        return self.rl_episodes // (episodes_per_step * world_size)
+
 
 # --------------------------------------------------------------------- deepspeed
 @params_section("deepspeed")

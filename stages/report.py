@@ -19,7 +19,6 @@ from agentrecipe.params import compose
 from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, split_rl_curves
 from agentrecipe.report.provenance import git_revision, params_diff, provenance_section
 from agentrecipe.report.tables import render_report
-from agentrecipe.train.rl import num_steps
 from stages.common import TIMINGS_DIR, stage_args
 
 STAGE_ORDER = ("build_envs", "prepare_model", "gen_sft_data", "sft", "rl", "evaluate")
@@ -35,7 +34,7 @@ def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
         budget_cfg = from_dict(BudgetConfig, params.get("budget", {}), "budget")
         budget = {"demonstrations": budget_cfg.n_demos, "RL episodes": budget_cfg.rl_episodes}
         rl = from_dict(RLConfig, params.get("rl", {}), "rl")
-        steps = num_steps(budget_cfg.rl_episodes, rl)
+        steps = budget_cfg.rl_steps(rl.episodes_per_step)
         # whole steps only: what a single-rank run played (with W ranks, W times fewer steps)
         budget["RL episodes played (1 rank)"] = f"{steps * rl.episodes_per_step} ({steps} steps of {rl.episodes_per_step})"
     except ConfigError:

@@ -23,7 +23,7 @@ from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
 from agentrecipe.train.checkpoint import BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf
-from agentrecipe.train.rl import RLRun, num_steps, rl_train
+from agentrecipe.train.rl import RLRun, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
                            stage_fingerprint, torch_threads)
 
@@ -81,7 +81,7 @@ def main() -> None:
     torch_threads()
     start = time.time()
     env, rl = cfg["env"], cfg["rl"]
-    n_steps = num_steps(cfg["budget"].rl_episodes, rl, dist.world_size())
+    n_steps = cfg["budget"].rl_steps(rl.episodes_per_step, dist.world_size())
     played = n_steps * rl.episodes_per_step * dist.world_size()
     if is_rank0() and played < cfg["budget"].rl_episodes:
         print(f"rl: budget.rl_episodes {cfg['budget'].rl_episodes} buys {n_steps} whole steps of "

@@ -74,13 +74,6 @@ class RLRun:
     """Identifies the config + start model; only matching checkpoints are resumed."""
 
 
-def num_steps(rl_episodes: int, rl: RLConfig, world_size: int = 1) -> int:
-    """RL steps the budget pays for: episodes / (games_per_step * group_size * ranks), rounded down.
-
-    Every rank plays its own games_per_step x group_size episodes per step."""
-    return rl_episodes // (rl.episodes_per_step * world_size)
-
-
 def backend_logprobs_exact(backend) -> bool:
     """True when `backend` samples with the trained policy's own weights at fp32 (`exact_logprobs`):
     its log-probs are pi_old as sampled, to float rounding, and RL uses them instead of a recomputing pass."""
