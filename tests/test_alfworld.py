@@ -133,7 +133,12 @@ def test_observations_read_like_the_benchmark(built, env):
     assert "look" in obs.admissible_commands and "inventory" in obs.admissible_commands
     assert any(c.startswith("go to ") for c in obs.admissible_commands)
     obs, r, done, info = env.step("fly to the moon")
-    assert obs.text == "Nothing happens." and r == 0 and not done and not info["admissible"]
+    assert obs.text == "Nothing happens." and r == 0 and not done and not info["admissible"] and info["invalid"]
+    # the game plays commands lower-cased: a capitalised admissible one is valid (before, the episode
+    # compared the raw reply with the list and counted it invalid, with the invalid-action penalty)
+    go = next(c for c in env.reset(game).admissible_commands if c.startswith("go to "))
+    obs, _, _, info = env.step(go.capitalize())
+    assert info["admissible"] and not info["invalid"] and obs.text.startswith("You arrive at")
 
 
 def test_progress_rewards_and_regress(built, env):

@@ -86,3 +86,23 @@ def test_reset_is_deterministic_and_bad_actions_do_not_crash(env, built):
     assert info["invalid"] and reward == 0 and not done and obs.expert_action is None
     assert obs.text == "No known action matches that input."
     assert env.reset(game) == first
+
+
+@needs_java
+def test_things_of_one_name_do_not_make_replays_differ(env, tmp_path):
+    """The simulator lists same-named things (here three wood cups) in an order that changes from
+    reset to reset, and an ambiguous command took its first reading: the same actions reached
+    different states (a worker's replay after a restart rebuilt another game). Now the listings are
+    sorted and an ambiguous command is cancelled, counted invalid, with the state unchanged."""
+    game = S.build_games("find-animal", "train", [0], tmp_path, {})[0]
+    starts, inventories = set(), set()
+    for _ in range(4):
+        obs = env.reset(game)
+        assert obs.text.count("wood cup") == 3
+        starts.add(obs.text)
+        obs, reward, done, info = env.step("pick up wood cup")
+        assert info["invalid"] and obs.text.startswith(S.AMBIGUOUS) and reward == 0 and not done
+        inventories.add(env.step("inventory")[0].text)
+    assert len(starts) == 1 and len(inventories) == 1 and "wood cup" not in inventories.pop()
+    obs, _, _, info = env.step("go to kitchen")  # a listed kind of command the game does not understand here
+    assert info["invalid"] == obs.text.startswith(S.NOT_UNDERSTOOD)

@@ -114,11 +114,19 @@ def test_observations_commands_and_rewards(tmp_path, env):
     assert obs.text == "Got " + first[len("get "):] and not info["invalid"]
     obs, reward, done, info = env.step("craft 1 diamond using 1 dirt")
     assert info["invalid"] and reward == 0 and not done and obs.expert_action is None  # off the plan now
+    # a listed command the game cannot do now (not enough items) is invalid too
+    craft = next(c for c in env.reset(game).admissible_commands if c.startswith("craft "))
+    obs, reward, done, info = env.step(craft)  # with an empty inventory
+    assert obs.text.startswith("Could not") and info["invalid"] and reward == 0
     assert "minecraft:" not in obs.text
 
 
 def test_crafted_message_is_cleaned():
     assert tc.clean_observation("Crafted 4 minecraft:oak_planks") == "Crafted 4 oak planks"
+
+
+def test_dense_reward_is_sparse_on_every_level():  # the feasibility check warns on reward=dense
+    assert not tc.intermediate_reward("depth1") and not tc.intermediate_reward("depth3")
 
 
 def test_no_options():

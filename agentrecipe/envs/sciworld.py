@@ -57,6 +57,7 @@ N_SAMPLED = 15
 BASIC = ("look around", "inventory")
 MAX_ACTION_CHARS = 200
 AMBIGUOUS = "Ambiguous request"
+NOT_UNDERSTOOD = "No known action matches"
 JAVA_PACKAGE = "openjdk-17-jre-headless"
 
 
@@ -104,21 +105,28 @@ def restart(engine) -> str:
     return engine.server.step("look around")
 
 
-def play(engine, action: str) -> tuple[str, int, bool]:
-    """(text, score 0-100 or negative, completed) after one action; an ambiguous command takes
-    its first reading. The package's `step` minus the look / inventory / valid-action fetches."""
+def play(engine, action: str) -> tuple[str, int, bool, bool]:
+    """(text, score 0-100 or negative, completed, understood) after one action. The package's
+    `step` minus the look / inventory / valid-action fetches.
+
+    An ambiguous command is cancelled (a blank answer; the state does not change) and not
+    understood: the simulator lists its readings in an order that changes from reset to reset,
+    so taking the first made the same actions reach different states (and a worker's replay
+    after a restart rebuild another one). The admissible commands' long names are unambiguous."""
     text = engine.server.step(action)
+    understood = not text.startswith(NOT_UNDERSTOOD)
     if text.startswith(AMBIGUOUS):
-        text = engine.server.step("0")
+        engine.server.step("")
+        understood = False
     score = int(round(100 * engine.server.getScore()))
-    return text, score, bool(engine.server.getCompleted()) or score < 0
+    return text, score, bool(engine.server.getCompleted()) or score < 0, understood
 
 
 def winning_prefix(engine, gold: list[str]) -> list[str]:
     """The gold actions of the loaded game up to the one that wins (score 100); [] if none does."""
     restart(engine)
     for i, action in enumerate(gold):
-        _, score, done = play(engine, action)
+        _, score, done, _ = play(engine, action)
         if score >= 100:
             return gold[: i + 1]
         if done:
@@ -190,8 +198,34 @@ def sanitize_action(action: str) -> str:
     return " ".join(action.lower().split())[:MAX_ACTION_CHARS]
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip("\t"))
+
+
+def _sorted_listing(lines: list[str], depth: int) -> list[str]:
+    """Lines of one listing level sorted, each item kept with the deeper lines under it."""
+    items: list[list[str]] = []
+    for line in lines:
+        if _indent(line) <= depth or not items:
+            items.append([line])
+        else:
+            items[-1].append(line)
+    return [line for item in sorted(([head, *_sorted_listing(rest, depth + 1)] for head, *rest in items))
+            for line in item]
+
+
 def clean_observation(text: str) -> str:
-    return "\n".join(line.rstrip() for line in text.replace("\r", "").strip().split("\n"))
+    """Trailing spaces off, and each tab-indented listing sorted (an item with the lines under it):
+    the simulator lists things of the same name in an order that changes from reset to reset."""
+    lines, out = [line.rstrip() for line in text.replace("\r", "").strip().split("\n")], []
+    i = 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j].startswith("\t"):
+            j += 1
+        out += _sorted_listing(lines[i:j], 1) if j > i else [lines[i]]
+        i = max(j, i + 1)
+    return "\n".join(out)
 
 
 class SciWorldEnv:
@@ -233,10 +267,10 @@ class SciWorldEnv:
         if self._done or not command:
             return self._obs, 0.0, self._done, {"invalid": True, "action": command}
         before = self._obs.score
-        text, score, self._done = play(self._engine, command)
+        text, score, self._done, understood = play(self._engine, command)
         self._taken.append(command)
         self._obs = self._observation(text, float(score), self._done)
-        return self._obs, self._obs.score - before, self._done, {"invalid": invalid, "action": command}
+        return self._obs, self._obs.score - before, self._done, {"invalid": invalid or not understood, "action": command}
 
     def close(self) -> None:
         self._engine.close()

@@ -58,6 +58,11 @@ INVENTORY = "inventory"
 
 
 # ------------------------------------------------------------------------ levels
+def intermediate_reward(name: str) -> bool:
+    """TextCraft's score moves only at the win (max score 1): dense reward equals sparse on every level."""
+    return False
+
+
 def parse_level(name: str) -> int:
     m = LEVEL.match(name)
     if not m or int(m.group(1)) not in DEPTHS:
@@ -300,7 +305,8 @@ class TextCraftEnv:
         self._taken.append(command)
         won = bool(terminated and reward > 0)
         self._obs = self._observation(clean_observation(text), won, self._taken)
-        return self._obs, float(reward), won, {"invalid": invalid, "action": command}
+        refused = text.startswith("Could not")  # a listed command the game cannot do now (ActionFailed)
+        return self._obs, float(reward), won, {"invalid": invalid or refused, "action": command}
 
     def close(self) -> None:
         self._game = self._obs = None

@@ -158,6 +158,8 @@ class AlfWorldEnv:
             "raw_score": self._raw_score,
             "progress": progress,
             "admissible": was_admissible,
+            # the command as played (lower-cased): the raw reply "Go to shelf 1" is not invalid
+            "invalid": not was_admissible,
             "expert_failed": self.expert != "none" and not self._expert_ok,
         }
         return obs, reward, won, info
