@@ -245,8 +245,8 @@ def task_choices(fp: FloorPlan, task: str) -> list[TaskChoice]:
         for parent in rclasses:
             if parent == APPLIANCE.get(task) or not can_hold(parent, obj):
                 continue
-            # the object must be able to start somewhere that is not a parent
-            if any(can_hold(r, obj) for r in rclasses if r != parent):
+            # the object must be able to start somewhere that is not a parent nor the task's appliance
+            if any(can_hold(r, obj) for r in rclasses if r not in (parent, APPLIANCE.get(task))):
                 choices.append(TaskChoice(obj, parent, ""))
     return choices
 
@@ -296,8 +296,11 @@ def sample_scene(
         take(lambda r: r.cls == APPLIANCE[task_type])
     if lamp:
         lamp_home = take(lambda r: can_hold(r.cls, lamp))
-    # the targets must not start in a receptacle of the parent class (the goal would hold already)
-    target_homes = [r for r in pool + keep if r.cls != parent_cls and can_hold(r.cls, obj_cls)]
+    # the targets must not start in a receptacle of the parent class (the goal would hold already),
+    # nor in the task's appliance (as ALFRED: what starts in the fridge is cold, so a cool task
+    # would need no cooling; about a fifth of them did)
+    unfit = (parent_cls, APPLIANCE.get(task_type))
+    target_homes = [r for r in pool + keep if r.cls not in unfit and can_hold(r.cls, obj_cls)]
     home = rng.choice(sorted(target_homes, key=lambda r: r.id))
     if home not in keep:
         pool.remove(home)
@@ -312,7 +315,7 @@ def sample_scene(
         objects.append(Obj(_object_id(cls, recep, taken, rng), cls, recep.id))
 
     kept = sorted(keep, key=lambda r: r.id)
-    homes = [r for r in kept if r.cls != parent_cls and can_hold(r.cls, obj_cls)]
+    homes = [r for r in kept if r.cls not in unfit and can_hold(r.cls, obj_cls)]
     place(obj_cls, home)
     for _ in range(n_targets - 1):
         place(obj_cls, rng.choice(homes))
