@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections import Counter
 
@@ -13,7 +15,17 @@ from agentrecipe.envs.manifest import MANIFEST_NAME
 from stages.common import load_sections, stage_args
 
 
+HASH_SEED = "0"
+
+
 def main() -> None:
+    if os.environ.get("PYTHONHASHSEED") != HASH_SEED:
+        # TextWorld writes some sets in hash order (grammar names_to_exclude, quests' fail_events):
+        # a build in another process gave other bytes for the same tw-simple and tw-cooking games,
+        # so other DVC hashes and another RL fingerprint (a killed run could not resume after a
+        # rebuild). The build restarts with a fixed hash seed; its spawned workers inherit it.
+        os.execve(sys.executable, [sys.executable, "-m", "stages.build_envs", *sys.argv[1:]],
+                  {**os.environ, "PYTHONHASHSEED": HASH_SEED})
     args = stage_args(__doc__.splitlines()[0], lambda p: p.add_argument("--out", default="data/envs"))
     env_cfg = load_sections(args.params, ["env"])["env"]
 

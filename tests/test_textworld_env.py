@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
@@ -160,3 +162,29 @@ def test_admissible_commands_with_capitals_are_valid(tmp_path):
         obs, _, _, info = env.step(action)
         assert not info["invalid"], action
     env.close()
+
+
+@pytest.mark.slow
+def test_the_build_stage_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
+    """TextWorld writes some sets in hash order: built in processes with other PYTHONHASHSEEDs, the
+    same tw-cooking and tw-simple games had other bytes (other DVC hashes, another RL fingerprint)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from agentrecipe.params import compose
+
+    root = Path(__file__).resolve().parents[1]
+    params = compose(root / "params", ["env=textworld_dense", "env.levels=[cooking-r1-t1-g1]",
+                                       "env.ood_levels=[simple-dense-detailed]", "env.n_train=1", "env.n_valid=1",
+                                       "env.n_test=1", "env.workers=1",
+                                       "budget.sft_fraction=0"])
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    built = {}
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"envs-{hash_seed}"
+        subprocess.run([sys.executable, "-m", "stages.build_envs", "--params", str(tmp_path / "params.yaml"),
+                        "--out", str(out)], cwd=root, check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        built[hash_seed] = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.suffix in (".z8", ".json")}
+    assert len(built["1"]) == (3 + 1) * 2 and built["1"] == built["2"]  # 3 cooking splits, 1 OOD test game
