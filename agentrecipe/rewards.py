@@ -28,8 +28,10 @@ def turn_rewards(
         then     r_n -= step_penalty + invalid_penalty * 1[invalid_n]
 
     where d_n is the game's score change on turn n and S_max the game's max
-    score. With `normalize`, the dense rewards of a won game sum to 1 (before
-    penalties), the same scale as the sparse reward.
+    score. With `normalize`, the dense rewards of a won game sum to its final
+    score / S_max (before penalties): 1 where winning means reaching the max score
+    (TextWorld, ALFWorld, ScienceWorld, TextCraft), the same scale as the sparse
+    reward; on BabyAI, whose score is its own reward 1 - 0.9 steps / max_steps, less.
 
     Args:
         score_deltas: (N,) raw score change of each turn.
