@@ -18,8 +18,8 @@ import pytest
 
 from agentrecipe.envs import swe
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.envs.swe.sandbox import (ISOLATION, SANDBOX_UIDS, Limits, make_pids_cgroup, remove_pids_cgroup,
-                                          resolve_inside, run_limited)
+from agentrecipe.envs.swe.sandbox import (ISOLATION, SANDBOX_UIDS, Limits, _preexec, make_pids_cgroup,
+                                          remove_pids_cgroup, resolve_inside, run_limited)
 from tests.swe_fixture import CALC, SPEC
 
 ADD_LINE = 5  # `    return a + b` in calc/ops.py
@@ -261,3 +261,15 @@ def test_the_tests_code_runs_as_a_user_who_may_write_only_in_its_folder(task, tm
     assert int(log[-1].split()[1]) in SANDBOX_UIDS
     assert (env.root / "escape.txt").stat().st_uid == os.getuid()  # the folder is ours again after the run
     env.close()
+
+
+def test_a_sandbox_that_cannot_be_set_up_says_why_and_runs_nothing(tmp_path):
+    """The child exits before exec with a line naming what failed (e.g. a container without
+    CAP_SYS_ADMIN for the network namespace), rather than running unconfined or silently."""
+    import subprocess
+
+    marker = tmp_path / "ran"
+    proc = subprocess.run([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], capture_output=True, text=True,
+                          preexec_fn=_preexec(Limits(), False, 64, tmp_path / "no-such-cgroup", None))
+    assert proc.returncode == 123 and "sandbox: cannot join the pids cgroup" in proc.stderr
+    assert not marker.exists()

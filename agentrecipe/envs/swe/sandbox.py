@@ -179,24 +179,32 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
     libc = ctypes.CDLL(None, use_errno=True)
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if uid is not None else 0
 
+    def fail(code: int, why: str) -> None:
+        """Never run unconfined: say why on the run's output (the pipe is in place by now) and exit."""
+        os.write(2, f"sandbox: {why}; the run did not start\n".encode())
+        os._exit(code)
+
     def become(uid: int) -> None:
         """A fresh unprivileged uid keeping CAP_DAC_READ_SEARCH only (exits the child on any failure)."""
         for cap in range(last_cap + 1):
             if cap != CAP_DAC_READ_SEARCH and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                os._exit(124)
+                fail(124, f"cannot drop capability {cap} from the bounding set (needs CAP_SETPCAP)")
         if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-            os._exit(125)
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+            fail(125, "cannot keep capabilities across setuid (prctl PR_SET_KEEPCAPS)")
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+        except OSError as e:
+            fail(129, f"cannot become uid {uid}: {e}")
         data = (_CapData * 2)()
         data[0].effective = data[0].permitted = data[0].inheritable = 1 << CAP_DAC_READ_SEARCH
         if libc.capset(ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), ctypes.byref(data)) != 0:
-            os._exit(126)
+            fail(126, "cannot keep CAP_DAC_READ_SEARCH as the sandbox user (capset; a container without it?)")
         if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0) != 0:
-            os._exit(127)  # (127 is also the shell's "not found": the message says which)
+            fail(127, "cannot raise CAP_DAC_READ_SEARCH as an ambient capability")
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            os._exit(128)
+            fail(128, "cannot set no_new_privs")
 
     def setup() -> None:  # runs in the child between fork and exec
         os.setsid()  # own process group: killed as one
@@ -205,9 +213,9 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
                 with open(group / "cgroup.procs", "w") as f:
                     f.write(str(os.getpid()))
             except OSError:
-                os._exit(123)
+                fail(123, f"cannot join the pids cgroup {group}")
         if isolate and libc.unshare(CLONE_NEWNET) != 0:
-            os._exit(121)  # never run without the namespace we promised
+            fail(121, "cannot enter a new network namespace (needs CAP_SYS_ADMIN; a container without it?)")
         if uid is not None:
             become(uid)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
