@@ -18,3 +18,25 @@ def world_size() -> int:
 
 def is_rank0() -> bool:
     return rank() == 0
+
+
+def all_sum(x: float) -> float:
+    """`x` summed over all ranks (x itself without a process group): every rank must call it."""
+    import torch
+
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return x
+    t = torch.tensor([float(x)], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return float(t)
+
+
+def global_mean_scale(local_weight: float) -> float:
+    """Factor that turns this rank's mean loss into its part of ONE mean over all ranks' tokens.
+
+    DeepSpeed averages gradients over the ranks, so each rank's mean (its sum / its weight) would
+    count alike however many tokens it holds, and a rank passing a zero-weight dummy would halve
+    its peers' gradient. Scaled by world * local_weight / total_weight, the average of the ranks'
+    gradients is the gradient of sum of all losses / total weight. Every rank must call it."""
+    total = all_sum(local_weight)
+    return world_size() * local_weight / total if total > 0 else 0.0

@@ -47,8 +47,10 @@ def failure_guard(log, limit: float, episodes_per_step: int):
 
     def guarded(step: int, stats: dict) -> None:
         log(step, stats)
-        counts["failed"] += stats.get("rollout/failed_episodes", 0.0)
-        counts["played"] += int(stats.get("rollout/episodes", episodes_per_step))  # more with dynamic sampling
+        # over all ranks, so that every rank stops at the same step (one rank's exit left its peers
+        # waiting in the next step's collectives for good)
+        counts["failed"] += dist.all_sum(stats.get("rollout/failed_episodes", 0.0))
+        counts["played"] += int(dist.all_sum(stats.get("rollout/episodes", episodes_per_step)))  # more with dynamic sampling
         if counts["failed"] > limit * counts["played"]:
             sys.exit(f"error: {counts['failed']:.0f} of {counts['played']} RL episodes failed by step {step}, "
                      f"more than rl.max_failed_share={limit:g}: broken games or environments (see the errors above); "
@@ -160,7 +162,7 @@ def main() -> None:
         else:
             save_hf(actor, tokenizer, Path(args.out))  # every rank: ZeRO-3 gathers the weights
         print(f"rl: {rl.algo}, steps {first + 1}..{n_steps} of {n_steps} "
-              f"({(n_steps - first) * rl.episodes_per_step} episodes this run), "
+              f"({(n_steps - first) * rl.episodes_per_step * dist.world_size()} episodes this run), "
               f"{pool.failures} env failures, {time.time() - start:.1f}s -> {args.out}")
 
 

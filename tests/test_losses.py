@@ -187,3 +187,23 @@ def test_policy_loss_clamps_the_log_ratio_so_gradients_stay_finite():
     # token 0 clipped (-1.2), token 1 inside (rho = e^0.1): (-1.2 - e^0.1) / 2
     assert loss.item() == approx((-1.2 - math.exp(0.1)) / 2)
     assert new.grad[0].tolist() == approx([0.0, -math.exp(0.1) / 2])
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_aggregate_weight_is_the_denominator_ranks_are_weighed_by(loss_agg):
+    """Across ranks, one mean over all tokens (or episodes) weighs each rank's aggregate by its
+    denominator: two halves of a batch, recombined so, give the whole batch's aggregate."""
+    from agentrecipe.algos.losses import aggregate_weight
+
+    torch.manual_seed(0)
+    loss = torch.randn(6, 5)
+    mask = torch.rand(6, 5) > 0.4
+    mask[:, 0] = True
+    share = torch.rand(6, 5) * mask
+    whole = aggregate(loss, mask, loss_agg, share)
+    halves = [(slice(0, 2), ), (slice(2, 6), )]
+    parts = [(aggregate(loss[s], mask[s], loss_agg, share[s]), aggregate_weight(mask[s], loss_agg, share[s]))
+             for (s,) in halves]
+    total = sum(w for _, w in parts)
+    assert sum(a * w for a, w in parts) / total == pytest.approx(float(whole), rel=1e-5)
+    assert aggregate_weight(torch.zeros(2, 3, dtype=torch.bool), loss_agg) == 0.0

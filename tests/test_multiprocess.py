@@ -34,13 +34,13 @@ def fake_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def torchrun(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], cwd: Path, timeout: int = 600, nproc: int = 2) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRECIPE_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # the launcher sets them
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *args]
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, f"torchrun failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}"
     return res
@@ -61,6 +61,25 @@ def test_sft_two_ranks_identical_weights(tmp_path, zero_stage):
         assert torch.equal(r0[k], r1[k]), f"rank weights differ at {k}"
     changed = [k for k in r0 if not torch.equal(r0[k], init[k])]
     assert len(changed) == len(r0), f"unchanged after training: {sorted(set(r0) - set(changed))}"
+
+
+@pytest.mark.slow
+def test_sft_on_two_ranks_takes_the_one_rank_step(tmp_path):
+    """One token-mean over the whole batch, whichever rank holds the tokens. Before, each rank's loss
+    was its own token-mean and DeepSpeed averaged them, so tokens on the rank with fewer weighed
+    more (the update differed from one rank's by 26% on such rows), and a rank with no row in a
+    batch passed a copy of the first row at full weight."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join(json.dumps(r) for r in fake_rows(13)))  # batch 3: shards of 2 and 1 rows, last batch 1 row
+    updates = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"ranks{nproc}"
+        out.mkdir()
+        torchrun([str(DRIVER), "--rows", str(rows), "--out", str(out), "--batch-size", "3"], ROOT, nproc=nproc)
+        init, trained = torch.load(out / "init.pt"), torch.load(out / "rank0.pt")
+        updates[nproc] = torch.cat([(trained[k] - init[k]).flatten() for k in init])
+    assert updates[1].norm() > 0
+    assert float((updates[2] - updates[1]).norm() / updates[1].norm()) < 1e-4
 
 
 @pytest.mark.slow

@@ -77,6 +77,17 @@ def aggregate(loss_mat: Tensor, mask: Tensor, loss_agg: LossAgg = "token-mean", 
     return torch.where(mask, loss_mat, zeros).sum() / episodes
 
 
+def aggregate_weight(mask: Tensor, loss_agg: LossAgg = "token-mean", share: Tensor | None = None) -> float:
+    """The denominator `aggregate` divides by: masked tokens (token-mean) or episodes (sum m u).
+    Across ranks, the mean over all of them weighs each rank's `aggregate` by this."""
+    mask = mask.bool()
+    if loss_agg == "token-mean" or not bool(mask.any()):
+        return float(mask.sum())
+    if share is None:
+        share = (1.0 / mask.sum(-1, keepdim=True).clamp(min=1)).expand(mask.shape)
+    return float(torch.where(mask, share.float(), torch.zeros((), dtype=torch.float32)).sum())
+
+
 # -------------------------------------------------------------- token helpers
 def logprobs_from_logits(logits: Tensor, token_ids: Tensor) -> Tensor:
     """log softmax(logits)[token]: (B, T, V), (B, T) -> (B, T).

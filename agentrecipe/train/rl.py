@@ -37,7 +37,8 @@ from tqdm import tqdm
 from agentrecipe import dist
 from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.algos.advantages import compute_advantages, step_group_stats, zero_variance_fraction
-from agentrecipe.algos.losses import aggregate, explained_variance, kl_penalty, masked_mean, policy_loss, value_loss
+from agentrecipe.algos.losses import (aggregate, aggregate_weight, explained_variance, kl_penalty, masked_mean, policy_loss,
+                                      value_loss)
 from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
 from agentrecipe.envs.base import GameSpec
 from agentrecipe.models.registry import DTYPES, load_model
@@ -421,6 +422,9 @@ def rl_train(
             local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
             update = not rl.skip_zero_gradient_steps or bool(_sync_max(int(local), actor.device))
             skipped += not update
+            # every rank's losses are means over its own tokens (or episodes): weighted into one mean
+            # over all ranks' (DeepSpeed averages the gradients; see dist.global_mean_scale)
+            scale = dist.global_mean_scale(aggregate_weight(mask[sel], rl.loss_agg, batch.share[sel]) if sel else 0.0)
             if not sel:  # zero-weight dummy: this rank has fewer sequences than the minibatch count
                 if update:
                     actor.backward(_dummy_policy_loss(actor))
@@ -449,7 +453,7 @@ def rl_train(
                 kl_loss = aggregate(kl_penalty(new_lp, ref_lp[sel], rl.kl_estimator), m, rl.loss_agg, share)
             loss = pg_loss + rl.kl_coef * kl_loss - rl.entropy_coef * entropy_loss
             if update:
-                actor.backward(loss)
+                actor.backward(loss * scale)
                 actor.step()
             mb_stats = {"losses/policy": pg_loss.item(), "losses/entropy": entropy_loss.item(),
                         "losses/kl": kl_loss.item(), **{f"losses/{k}": float(v) for k, v in pg_stats.items()}}
@@ -458,7 +462,7 @@ def rl_train(
                 forwarded["critic"] += fwd
                 v_loss, v_stats = value_loss(new_values, old_values[sel], value_targets[sel], m, rl.value_clip,
                                              rl.loss_agg, share)
-                critic.backward(rl.vf_coef * v_loss)
+                critic.backward(rl.vf_coef * v_loss * scale)
                 critic.step()
                 mb_stats["losses/value"] = v_loss.item()
                 mb_stats.update({f"losses/{k}": float(v) for k, v in v_stats.items()})
@@ -508,7 +512,10 @@ def rl_train(
         stats["perf/step_seconds"] = time.time() - t0
         if valid_games and is_validation_step(step + 1, rl.eval_every, run.n_steps):
             t6 = time.time()
-            stats.update(validation_stats(valid_games, backend, encoder, timed_pool, run.agent, run.rollout.max_turns))
+            valid = validation_stats(valid_games, backend, encoder, timed_pool, run.agent, run.rollout.max_turns)
+            # every rank plays the valid games; their mean, so that all ranks take the same keep_best
+            # decision (save_best is collective under ZeRO-3: ranks that disagreed waited for good)
+            stats.update({k: dist.all_sum(v) / dist.world_size() for k, v in valid.items()})
             stats["perf/validation_seconds"] = time.time() - t6
             if rl.keep_best:
                 if is_better(stats, best):

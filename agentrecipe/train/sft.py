@@ -71,11 +71,15 @@ def sft_train(
         order = list(range(len(rows)))
         rng.shuffle(order)
         for b in range(0, len(order), cfg.batch_size):
-            shard = order[b : b + cfg.batch_size][rank::world] or order[b : b + 1]
-            batch = {k: v.to(engine.device) for k, v in collate([rows[i] for i in shard], pad_id).items()}
+            shard = order[b : b + cfg.batch_size][rank::world]
+            # a rank without rows in this batch still runs a pass (its peers' gradient all-reduce
+            # waits for it) on the batch's first row, weighted 0
+            batch = {k: v.to(engine.device) for k, v in collate([rows[i] for i in shard or order[b : b + 1]],
+                                                                   pad_id).items()}
             loss = action_nll(engine, batch)
             lr = engine.get_lr()[0]  # the rate this step applies (step() moves the schedule on)
-            engine.backward(loss)
+            # one token-mean over the whole batch, across ranks (see dist.global_mean_scale)
+            engine.backward(loss * dist.global_mean_scale(float(batch["action_mask"].sum()) if shard else 0.0))
             engine.step()
             step += 1
             tokens += int(batch["attention_mask"].sum())
