@@ -24,6 +24,7 @@ from agentrecipe.envs.pool import EnvPool
 from agentrecipe.rollout.hf_backend import HFBackend
 from agentrecipe.train.checkpoint import full_state_dict
 from agentrecipe.train.rl import RLRun, rl_train
+from stages.rl import failure_guard
 from tests import walk_env
 
 
@@ -64,10 +65,12 @@ def main() -> None:
                 rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=args.zero_stage), dtype="float32",
                 levels=["walk"], n_steps=3, checkpoint_dir=Path(args.out) / f"ckpt{rank}", fingerprint="mp")
     log = []
+    # the stage's failure guard at 0.3: rank 1 alone failed 2 of its 4 episodes by step 2 (0.5), the
+    # run 2 of 8 (0.25), so the run goes on (a rank that decided alone exited and hung its peer)
+    guarded = failure_guard(lambda step, stats: log.append(stats), 0.3, rl.episodes_per_step)
     with EnvPool("walk", {}, n_workers=0) as pool:
         actor, _, _ = rl_train(args.policy, games, run, FailingResets(pool, 1 if rank == 1 else None),
-                               lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id),
-                               log=lambda step, stats: log.append(stats), progress=False)
+                               lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id), log=guarded, progress=False)
     state = full_state_dict(actor)  # every rank takes part (ZeRO-3 gathers)
     torch.save({"actor": state, "failed": [s["rollout/failed_episodes"] for s in log],
                 "early_stopped": [s["losses/early_stopped"] for s in log]}, Path(args.out) / f"rank{rank}.pt")
