@@ -26,7 +26,10 @@ def all_sum(x: float) -> float:
 
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
         return x
-    t = torch.tensor([float(x)], dtype=torch.float64)
+    # on the backend's device: NCCL reduces CUDA tensors only
+    device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
+              else torch.device("cpu"))
+    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t)
     return float(t)
 

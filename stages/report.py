@@ -24,21 +24,26 @@ from stages.common import TIMINGS_DIR, stage_args
 STAGE_ORDER = ("build_envs", "prepare_model", "gen_sft_data", "sft", "rl", "evaluate")
 
 
+def _section(cls, params: dict, name: str):
+    """The params section `name` as `cls`, or None when it is missing or invalid (the page still renders)."""
+    try:
+        return from_dict(cls, params.get(name, {}), name)
+    except ConfigError:
+        return None
+
+
 def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
     """The provenance section of the report (params.yaml against the composed defaults of params/)."""
     import yaml
 
     params = yaml.safe_load(params_path.read_text()) if params_path.exists() else {}
     defaults = compose("params") if Path("params/config.yaml").exists() else {}
-    try:
-        budget_cfg = from_dict(BudgetConfig, params.get("budget", {}), "budget")
-        budget = {"demonstrations": budget_cfg.n_demos, "RL episodes": budget_cfg.rl_episodes}
-        rl = from_dict(RLConfig, params.get("rl", {}), "rl")
+    budget_cfg, rl = _section(BudgetConfig, params, "budget"), _section(RLConfig, params, "rl")
+    budget = {} if budget_cfg is None else {"demonstrations": budget_cfg.n_demos, "RL episodes": budget_cfg.rl_episodes}
+    if budget_cfg is not None and rl is not None:
         steps = budget_cfg.rl_steps(rl.episodes_per_step)
         # whole steps only: what a single-rank run played (with W ranks, W times fewer steps)
         budget["RL episodes played (1 rank)"] = f"{steps * rl.episodes_per_step} ({steps} steps of {rl.episodes_per_step})"
-    except ConfigError:
-        budget = {}
     games: dict[str, dict[str, int]] = {}
     if (envs / MANIFEST_NAME).exists():
         for g in read_manifest(envs):

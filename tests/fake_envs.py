@@ -1,5 +1,5 @@
 """A fake environment family for pool tests: the actions "raise", "hang" and "crash" misbehave,
-"slow" takes 0.6 s (healthy, but near a 1 s timeout),
+"slow" takes 0.4 s (healthy, under a 1 s timeout; four of them are not),
 and so does a game whose path ends in "corrupt" (its reset kills the process, as a truncated
 story file kills the TextWorld interpreter)."""
 
@@ -42,7 +42,7 @@ class FakeEnv:
         if action == "crash":
             os._exit(3)
         if action == "slow":
-            time.sleep(0.6)
+            time.sleep(0.4)
         self.t += 1
         won = action == "win"
         obs = Observation(text=f"{action} {self.t} in game {self.game.seed}", objective="say win",

@@ -202,8 +202,9 @@ def test_frozen_server_times_out_only_its_episodes(servers, policy):
 
 def test_a_busy_healthy_server_is_not_taken_for_a_hung_one(servers):
     """A server runs its env calls one at a time. Before, each request got one flat timeout, so of
-    4 healthy 0.6 s steps on one server with a 1 s timeout 3 failed as "no answer in time", and the
-    server was set aside as hung. Now each request gets the timeout once per call queued with it."""
+    4 healthy 0.4 s steps on one server with a 1 s timeout the last ones failed as "no answer in
+    time", and the server was set aside as hung. Now each request gets the timeout once per call
+    queued with it (4 s here, for 1.6 s of steps)."""
     games = [GameSpec(path=f"g{i}", level="x", env="fake", seed=i) for i in range(4)]
     with RemotePool("fake", [servers["fake"].url], timeout=1.0, start_timeout=60) as pool:
         pool.reset(games)

@@ -70,17 +70,17 @@ def test_pool_survives_hang_and_crash(fake_family):
 
 
 def test_the_timeout_is_per_env_call_not_per_worker(fake_family):
-    """Before: a worker got one `timeout` for all the slots it steps in turn, so three healthy
-    0.6 s steps on one worker with a 1 s timeout were killed as a hang and one slot failed."""
+    """Before: a worker got one `timeout` for all the slots it steps in turn, so four healthy
+    0.4 s steps on one worker with a 1 s timeout were killed as a hang and a slot failed."""
     with EnvPool(fake_family, {}, n_workers=1, timeout=1.0) as pool:
-        pool.reset(GAMES[:3])
-        res = pool.step(["slow"] * 3)
+        pool.reset(GAMES)
+        res = pool.step(["slow"] * 4)  # 1.6 s of steps, 4 s allowed
         assert not any(r.failed for r in res), [r.error for r in res]
-        assert [r.obs.text for r in res] == [f"slow 1 in game {i}" for i in range(3)]
+        assert [r.obs.text for r in res] == [f"slow 1 in game {i}" for i in range(4)]
         assert pool.failures == 0 and pool.restarts == 0
-        res = pool.step(["slow", "hang", "slow"])  # a real hang is still caught, within 3 x 1 s
-        assert res[1].failed and "no answer within 3 s" in res[1].error
-        assert not res[0].failed and not res[2].failed
+        res = pool.step(["slow", "hang", "slow", "slow"])  # a real hang is still caught, within 4 x 1 s
+        assert res[1].failed and "no answer within 4 s" in res[1].error
+        assert not res[0].failed and not res[2].failed and not res[3].failed
 
 
 @pytest.mark.parametrize("n_workers", [1, 2])

@@ -239,7 +239,8 @@ def test_the_tests_code_runs_as_a_user_who_may_write_only_in_its_folder(task, tm
     site = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     targets = {"outside": tmp_path / "outside.txt", "site": site / f"zz_sandbox_{tmp_path.name}.pth",
                "project": Path(swe.__file__).parent / f"zz_sandbox_{tmp_path.name}.txt",
-               "cgroup": Path("/sys/fs/cgroup/pids/cgroup.procs")}
+               "cgroup": next((p for p in (Path("/sys/fs/cgroup/pids/cgroup.procs"), Path("/sys/fs/cgroup/cgroup.procs"))
+                               if p.exists()), Path("/sys/fs/cgroup/cgroup.procs"))}
     env = swe.make_env({"packages": [SPEC]})
     env.reset(task)
     code = (rf"import os\nlog = open('escape.txt', 'w')\nfor name, path in {dict((k, str(v)) for k, v in targets.items())!r}.items():"

@@ -58,6 +58,7 @@ BASIC = ("look around", "inventory")
 MAX_ACTION_CHARS = 200
 AMBIGUOUS = "Ambiguous request"
 NOT_UNDERSTOOD = "No known action matches"
+AMBIGUOUS_REPLY = f"{AMBIGUOUS}: more than one thing has that name; name it in full, as the listed commands do."
 JAVA_PACKAGE = "openjdk-17-jre-headless"
 
 
@@ -115,9 +116,9 @@ def play(engine, action: str) -> tuple[str, int, bool, bool]:
     after a restart rebuild another one). The admissible commands' long names are unambiguous."""
     text = engine.server.step(action)
     understood = not text.startswith(NOT_UNDERSTOOD)
-    if text.startswith(AMBIGUOUS):
+    if text.startswith(AMBIGUOUS):  # its numbered readings come in the per-reset order too
         engine.server.step("")
-        understood = False
+        text, understood = AMBIGUOUS_REPLY, False
     score = int(round(100 * engine.server.getScore()))
     return text, score, bool(engine.server.getCompleted()) or score < 0, understood
 

@@ -35,8 +35,9 @@ def turns_in_context(encoder: PromptEncoder, observations: list[Observation], ac
                      agent: AgentConfig) -> int:
     """How many of a demonstration's turns the policy gets to play: the rollout ends an episode at
     the first turn whose prompt and reply room outgrow agent.max_context (`fits_context`)."""
+    cache: dict = {}  # the encoder's own cache, as the rollout keeps: each turn tokenises its new part only
     for t in range(len(action_ids)):
-        ids, _, _ = encoder.prompt(observations[: t + 1], action_ids[:t])
+        ids, _, _ = encoder.prompt(observations[: t + 1], action_ids[:t], cache)
         longest = None
         if agent.decoding == "admissible":
             longest = max(len(encoder.encode_action(c)) for c in observations[t].admissible_commands or ("look",))

@@ -216,14 +216,14 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
                 fail(123, f"cannot join the pids cgroup {group}")
         if isolate and libc.unshare(CLONE_NEWNET) != 0:
             fail(121, "cannot enter a new network namespace (needs CAP_SYS_ADMIN; a container without it?)")
-        if uid is not None:
-            become(uid)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         mem = limits.memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         size = limits.file_mb * 2**20
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        if uid is not None:  # last: as root the limits above may be raised past a low hard limit
+            become(uid)
 
     return setup
 
