@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -59,6 +60,7 @@ MAX_ACTION_CHARS = 200
 AMBIGUOUS = "Ambiguous request"
 NOT_UNDERSTOOD = "No known action matches"
 AMBIGUOUS_REPLY = f"{AMBIGUOUS}: more than one thing has that name; name it in full, as the listed commands do."
+READING = re.compile(r"^(\d+):\t(.*)$")  # one numbered reading of an ambiguous command
 JAVA_PACKAGE = "openjdk-17-jre-headless"
 
 
@@ -110,15 +112,23 @@ def play(engine, action: str) -> tuple[str, int, bool, bool]:
     """(text, score 0-100 or negative, completed, understood) after one action. The package's
     `step` minus the look / inventory / valid-action fetches.
 
-    An ambiguous command is cancelled (a blank answer; the state does not change) and not
-    understood: the simulator lists its readings in an order that changes from reset to reset,
-    so taking the first made the same actions reach different states (and a worker's replay
-    after a restart rebuild another one). The admissible commands' long names are unambiguous."""
+    An ambiguous command takes the reading whose text sorts first. The simulator numbers the
+    readings in an order that changes from reset to reset, so taking reading 0 made the same
+    actions reach different states (and a worker's replay after a restart rebuild another game).
+    Readings of the same text are taken as interchangeable, reading 0 as before (gold plans name
+    five apple seeds in a jar so); where they are not (three wood cups of different paints all
+    read "wood cup (in art studio)"), which one moves still changes from reset to reset. The
+    admissible commands' long names are never ambiguous. Without readings to choose from, the
+    command is cancelled, not understood."""
     text = engine.server.step(action)
     understood = not text.startswith(NOT_UNDERSTOOD)
-    if text.startswith(AMBIGUOUS):  # its numbered readings come in the per-reset order too
-        engine.server.step("")
-        text, understood = AMBIGUOUS_REPLY, False
+    if text.startswith(AMBIGUOUS):
+        readings = [m.groups() for line in text.splitlines() if (m := READING.match(line))]
+        if readings:
+            text = engine.server.step(min(readings, key=lambda r: (r[1], int(r[0])))[0])
+        else:
+            engine.server.step("")
+            text, understood = AMBIGUOUS_REPLY, False
     score = int(round(100 * engine.server.getScore()))
     return text, score, bool(engine.server.getCompleted()) or score < 0, understood
 
