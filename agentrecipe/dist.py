@@ -20,18 +20,30 @@ def is_rank0() -> bool:
     return rank() == 0
 
 
-def all_sum(x: float) -> float:
-    """`x` summed over all ranks (x itself without a process group): every rank must call it."""
+def _all_reduce(x: int | float, op: str, device=None) -> int | float:
+    """`x` reduced over all ranks with `op` ("sum" or "max"); `x` itself without a process group.
+    Every rank must call it. On `device`, else the backend's (NCCL reduces CUDA tensors only)."""
     import torch
 
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
         return x
-    # on the backend's device: NCCL reduces CUDA tensors only
-    device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
-              else torch.device("cpu"))
-    t = torch.tensor([float(x)], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t)
-    return float(t)
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
+                  else torch.device("cpu"))
+    t = torch.tensor([x], dtype=torch.float64 if isinstance(x, float) else torch.int64, device=device)
+    torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op.upper()))
+    return t.item()
+
+
+def all_sum(x: float) -> float:
+    """`x` summed over all ranks: every rank must call it."""
+    return float(_all_reduce(float(x), "sum"))
+
+
+def all_max(n: int, device=None) -> int:
+    """The largest `n` over all ranks: every rank must call it (e.g. so that every rank runs as many
+    forwards and backwards: DeepSpeed all-reduces gradients in each, ZeRO-3 all-gathers in each forward)."""
+    return int(_all_reduce(int(n), "max", device))
 
 
 def global_mean_scale(local_weight: float) -> float:

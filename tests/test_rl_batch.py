@@ -215,7 +215,7 @@ def test_entropy_builds_no_graph_when_it_is_only_logged(model, tokenizer, walk_p
 
 
 def test_minibatches_pad_with_empty_ones_not_with_sequence_zero(monkeypatch):
-    monkeypatch.setattr(rl_mod, "_sync_max", lambda n, device: 4)  # another rank needs 4 minibatches
+    monkeypatch.setattr(rl_mod.dist, "all_max", lambda n, device=None: 4)  # another rank needs 4 minibatches
     mbs = rl_mod._minibatches(3, 2, random.Random(0), "cpu")
     assert len(mbs) == 4 and sorted(i for m in mbs for i in m) == [0, 1, 2] and [] in mbs
 

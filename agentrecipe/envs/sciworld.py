@@ -47,6 +47,7 @@ import random
 import re
 import shutil
 from functools import lru_cache
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -228,14 +229,10 @@ def _sorted_listing(lines: list[str], depth: int) -> list[str]:
 def clean_observation(text: str) -> str:
     """Trailing spaces off, and each tab-indented listing sorted (an item with the lines under it):
     the simulator lists things of the same name in an order that changes from reset to reset."""
-    lines, out = [line.rstrip() for line in text.replace("\r", "").strip().split("\n")], []
-    i = 0
-    while i < len(lines):
-        j = i
-        while j < len(lines) and lines[j].startswith("\t"):
-            j += 1
-        out += _sorted_listing(lines[i:j], 1) if j > i else [lines[i]]
-        i = max(j, i + 1)
+    lines = [line.rstrip() for line in text.replace("\r", "").strip().split("\n")]
+    out: list[str] = []
+    for listing, run in groupby(lines, key=lambda line: line.startswith("\t")):
+        out += _sorted_listing(list(run), 1) if listing else list(run)
     return "\n".join(out)
 
 

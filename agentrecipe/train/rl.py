@@ -81,20 +81,6 @@ def backend_logprobs_exact(backend) -> bool:
     return bool(getattr(backend, "exact_logprobs", False))
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-
-
-def _sync_max(n: int, device) -> int:
-    """The largest `n` over all ranks (every rank must run as many forwards and backwards:
-    DeepSpeed all-reduces gradients in each, and ZeRO-3 all-gathers parameters in each forward)."""
-    if not _distributed():
-        return n
-    t = torch.tensor([n], device=device)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return int(t)
-
-
 def policy_pass(model, batch: RLBatch, sel: list[int], temperature: float, with_entropy: bool = False,
                 entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Log-probs (and entropy) of sequences `sel` at their action tokens: (len(sel), T) each, 0
@@ -175,7 +161,7 @@ def _no_grad_chunks(fn, idx: list[int], mb: int, device, dummy) -> list:
     chunks = [idx[i : i + mb] for i in range(0, len(idx), mb)]
     out = []
     with torch.no_grad():
-        for k in range(_sync_max(len(chunks), device)):
+        for k in range(dist.all_max(len(chunks), device)):
             if k < len(chunks):
                 out.append(fn(chunks[k]))
             else:
@@ -195,7 +181,7 @@ def has_gradient(advantages: torch.Tensor, mask: torch.Tensor, rl: RLConfig, wit
 def _minibatches(n: int, size: int, rng: random.Random, device) -> list[list[int]]:
     """Shuffled minibatches; the same count on every rank (ranks hold different numbers of sequences).
     A rank with fewer sequences than that count gets empty minibatches (run as zero-weight dummies)."""
-    count = _sync_max(math.ceil(n / size), device)
+    count = dist.all_max(math.ceil(n / size), device)
     order = list(range(n))
     rng.shuffle(order)
     return [order[i::count] for i in range(count)]
@@ -305,6 +291,9 @@ def rl_train(
     constrained = run.agent.decoding == "admissible"
     from_rollout = backend_logprobs_exact(backend) and run.deepspeed.zero_stage < 3  # pi_old: see phase 4
 
+    def rewards_of(ep) -> list[float]:
+        return turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward)
+
     turn_every = phase_steps(rl.turn_schedule_every, len(rl.turn_schedule), run.n_steps)
     curriculum_every = phase_steps(rl.curriculum_every, len(rl.curriculum), run.n_steps)
 
@@ -327,7 +316,7 @@ def rl_train(
             sample = dynamic_sampling(
                 lambda gs, r: run_episodes(gs, backend, encoder, timed_pool, replace(settings, seed=settings.seed + 7919 * r)),
                 games, lambda k: rng.choices(candidates, k=k), rl.group_size, rl.dynamic_sampling_max_games,
-                lambda ep: sum(turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward)))
+                lambda ep: sum(rewards_of(ep)))
             episodes, group_of, dapo_stats = sample.episodes, sample.group_of, sample.stats
             played, played_group_of = sample.played, sample.played_group_of
         else:
@@ -337,7 +326,7 @@ def rl_train(
         gen_tokens = sum(len(a) for ep in episodes for a in ep.action_ids)
         # 3. batch
         t1 = time.time()
-        rewards = [turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in episodes]
+        rewards = [rewards_of(ep) for ep in episodes]
         batch = build_batch(episodes, rewards, group_of, encoder, vocab, constrained, actor.device)
         S = 0 if batch is None else batch.input_ids.shape[0]
         # every epoch's minibatches, drawn now (the same draws as one epoch at a time); a rank without
@@ -414,13 +403,13 @@ def rl_train(
         for epoch, k, sel in minibatches:
             # the early stop is every rank's (one more collective a minibatch), decided before any
             # forward so that each rank runs the same forwards and backwards
-            if rl.target_kl is not None and taken > 0 and _sync_max(int(kl_passed), actor.device):
+            if rl.target_kl is not None and taken > 0 and dist.all_max(int(kl_passed), actor.device):
                 break
             taken += 1
             # the policy steps unless no rank's minibatch has a gradient (then no rank steps: the
             # same collectives everywhere); the critic's value loss always has one
             local = bool(sel) and has_gradient(advantages[sel], mask[sel], rl, ref_lp is not None)
-            update = not rl.skip_zero_gradient_steps or bool(_sync_max(int(local), actor.device))
+            update = not rl.skip_zero_gradient_steps or bool(dist.all_max(int(local), actor.device))
             skipped += not update
             # every rank's losses are means over its own tokens (or episodes): weighted into one mean
             # over all ranks' (DeepSpeed averages the gradients; see dist.global_mean_scale)
@@ -488,8 +477,7 @@ def rl_train(
                 "perf/policy_forwarded_per_action_token_unpacked": plain * (1 + rl.update_epochs) / actions,
             })
         # 7. log and checkpoint
-        played_rewards = rewards if played is episodes else [
-            turn_rewards(ep.score_deltas, ep.won, ep.invalid, ep.game.max_score, run.reward) for ep in played]
+        played_rewards = rewards if played is episodes else [rewards_of(ep) for ep in played]
         stats.update(rollout_stats(played, played_rewards, played_group_of, rl.group_size))
         stats.update(dapo_stats)
         stats.update({

@@ -48,7 +48,7 @@ from typing import Any
 from agentrecipe.envs.base import GameSpec, Observation
 from agentrecipe.envs.swe import mutate
 from agentrecipe.envs.swe.packages import run_tests as pytest_run
-from agentrecipe.envs.swe.sandbox import Limits, cpu_limit, remove_tree, resolve_inside
+from agentrecipe.envs.swe.sandbox import Limits, cpu_limit, remove_path, remove_tree, resolve_inside
 from agentrecipe.envs.swe.tasks import PAGE_JUMPS, fits_action, read_task
 
 EDIT = re.compile(r"^edit (\S+) (\d+) (\d+) <<<(?: ?(.*))?$")
@@ -100,10 +100,7 @@ def restore(src: Path, root: Path, rel: str) -> None:
             path.unlink()
         path.mkdir(exist_ok=True)
     dst = path / Path(rel).name
-    if dst.is_dir() and not dst.is_symlink():
-        shutil.rmtree(dst)
-    elif dst.is_symlink() or dst.exists():
-        dst.unlink()
+    remove_path(dst)
     shutil.copy2(src, dst)
 
 

@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrecipe.envs.swe.sandbox import Limits, run_limited
+from agentrecipe.envs.swe.sandbox import Limits, remove_path, run_limited
 
 SPEC = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 SKIP_DIRS = {"tests", "test", "testing", "docs", "doc", "examples", "benchmarks", "bench", "build", ".git"}
@@ -201,20 +200,13 @@ def read_report(path: Path) -> dict:
     return data if ok else {"tests": {}}
 
 
-def remove_report(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
 def run_tests(root: Path, tests: list[str], limits: Limits, trace: list[str] | None = None) -> tuple[dict, object]:
     """(report, RunResult) of pytest on `tests` (all when empty) in folder `root`."""
     report = root / ".swe_report.json"
-    remove_report(report)
+    remove_path(report)
     res = run_limited(pytest_argv(report.name, tests, trace), root, limits, python_path(root), writable=True)
     data = read_report(report)
-    remove_report(report)
+    remove_path(report)
     return data, res
 
 

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,7 +272,9 @@ def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[s
     uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS)) if ISOLATION == "netns" else None
     tmp = Path(tempfile.mkdtemp(prefix="agentrecipe-sandbox-")) if uid is not None else None
     try:
-        with lent(folder, uid if writable else None), lent(tmp, uid) if tmp else nullcontext():
+        if tmp is not None:
+            os.chown(tmp, uid, uid)  # the run's own TMPDIR, empty and removed after it
+        with lent(folder, uid if writable else None):
             extra = {**(env or {}), **({"TMPDIR": str(tmp)} if tmp else {})}
             return _run(argv, folder, limits, extra, uid, start)
     finally:
@@ -337,3 +339,11 @@ def resolve_inside(root: str | Path, name: str) -> Path:
 
 def remove_tree(folder: str | Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_path(path: Path) -> None:
+    """Remove whatever is at `path` (file, link, FIFO or folder) without following a link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
