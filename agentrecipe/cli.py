@@ -53,7 +53,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     print(f"evaluate: settings from {source}: decoding={agent.decoding}, history={agent.history}, "
           f"max_turns={eval_cfg.max_turns}, episodes={eval_cfg.episodes}, samples={eval_cfg.samples}, "
           f"temperature={eval_cfg.temperature}, pass_k={eval_cfg.pass_k}, seed={eval_cfg.seed}")
-    games = games_from_folder(args.games, args.levels)
+    try:
+        games = games_from_folder(args.games, args.levels)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: --games {args.games}: {e}", file=sys.stderr)
+        return 2
     loose = not (Path(args.games) / MANIFEST_NAME).exists()
     if loose:  # loose files: numbered in file-name order (not all seed 0), and all played unless --episodes
         games = [dataclasses.replace(g, seed=i) for i, g in enumerate(games)]

@@ -27,6 +27,8 @@ class Dag:
     """Stage addresses as `dvc repro` takes them: `name`, or `sub/dvc.yaml:name` outside the root."""
     upstream: dict[str, list[str]] = field(default_factory=dict)
     """Stages each stage depends on directly."""
+    metric_stages: list[str] = field(default_factory=list)
+    """Stages that write a metrics file (dvc.yaml's `metrics:`, or an out marked as one)."""
 
     def select(self, targets: list[str] | None) -> list[str]:
         """`targets` and everything upstream of them, in run order (all stages for None or [])."""
@@ -72,7 +74,11 @@ def read_dag(project_dir: str | Path = ".") -> Dag:
         upstream = {
             address(s): [address(d) for d in graph.successors(s) if isinstance(d, PipelineStage)] for s in stages
         }
-        return Dag([address(s) for s in stages], upstream)
+        metric_files = {os.path.normpath(os.path.join(os.path.dirname(s.dvcfile.path), m))
+                        for s in stages for m in getattr(s.dvcfile, "metrics", None) or []}
+        metric_stages = [address(s) for s in stages
+                         if any(o.metric or os.path.normpath(o.fs_path) in metric_files for o in s.outs)]
+        return Dag([address(s) for s in stages], upstream, metric_stages)
 
 
 def site_cache_dir(project_dir: str | Path) -> str | None:

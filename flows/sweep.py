@@ -44,9 +44,11 @@ from prefect.cache_policies import NO_CACHE
 from agentrecipe.presets import load_preset
 from agentrecipe.report import compare, seeds
 from agentrecipe.report.provenance import git_revision
-from flows.dvc_dag import dvc, dvc_env, run
+from flows.dvc_dag import dvc, dvc_env, read_dag, run
 
 OUT_DIR = "data/sweeps"
+NO_METRICS = "without_metrics"
+"""run.json key: the points whose experiments hold no metrics of their own (run with --target)."""
 
 
 def expand(sweeps: list[list[str]]) -> list[list[str]]:
@@ -254,9 +256,12 @@ def params_differ(project: str, overrides: list[str], params: dict[str, Any], sh
 
 
 @task(name="collect-results", cache_policy=NO_CACHE)
-def collect_results(project: str, points: dict[str, list[str]], out: str, title: str) -> list[dict[str, Any]]:
+def collect_results(project: str, points: dict[str, list[str]], out: str, title: str,
+                    without_metrics: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Each point's state and metrics from `dvc exp show --json`: results.csv (every metric),
-    results.png, a table artifact (swept values, RL results, the error last) and the table in the log."""
+    results.png, a table artifact (swept values, RL results, the error last) and the table in the log.
+    without_metrics: {name: why} of points whose runs wrote no metrics (their experiments hold the
+    commit's metrics files): their rows show none."""
     by_name = {r["name"]: r for r in compare.experiments(compare.exp_show(project))}
     swept = result_keys(list(points.values()))
     rows = []
@@ -268,6 +273,8 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
         if state == "success" and (differ := params_differ(project, overrides, rec["params"])):
             state, error = STALE, f"ran with other params than this point's ({differ}); rerun it: --point {name}"
             rec = {**rec, "metrics": {}}
+        elif state == "success" and name in (without_metrics or {}):
+            error, rec = without_metrics[name], {**rec, "metrics": {}}
         rows.append({"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
                      "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
                      "rl ood": compare.success(rec["metrics"], "rl", "ood"),
@@ -372,16 +379,27 @@ def sweep(
     (Path(project) / out).mkdir(parents=True, exist_ok=True)
     logger.info("sweep %s: %d points: %s", title, len(named), ", ".join(named))
 
+    # Stages that write metrics but are not among the targets' upstream: such a point's experiment
+    # holds the commit's metrics files, which are not its results.
+    dag = read_dag(project)
+    unrun = [s for s in dag.metric_stages if s not in dag.select(targets)] if targets else []
     started, revision = time.time(), git_revision(project)  # what the queued experiments start from
     queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
                                                              stop_after_s, return_state=True)
     not_run = ran.result() if ran.is_completed() else []
-    rows = collect_results(project, every, out, title)  # with --point, the others from earlier runs of this commit
+    # Points whose last run skipped them: this run's, and (with --point) those an earlier run of this
+    # sweep left so and this one did not rerun (kept in run.json).
+    run_json = Path(project) / out / "run.json"
+    earlier = json.loads(run_json.read_text()).get(NO_METRICS, []) if only and run_json.exists() else []
+    no_metrics = [n for n in every if (n in named and unrun) or (n in earlier and n not in named)]
+    why = "its run stopped before the stages that write metrics (--target); rerun it without: --point {}"
+    # with --point, the others from earlier runs of this commit
+    rows = collect_results(project, every, out, title, {n: why.format(n) for n in no_metrics})
     record = {"command": command_line(preset, overrides, jobs, name, targets, only, stop_after_s), "revision": revision,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
               "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine(),
-              **({"not_run": not_run} if not_run else {})}
+              **({"not_run": not_run} if not_run else {}), **({NO_METRICS: no_metrics} if no_metrics else {})}
     write_run_record(Path(project) / out, record, keep_earlier=bool(only))
     if not ran.is_completed():
         raise RuntimeError(f"the queue did not finish ({ran.message}); see {out}/results.csv")

@@ -106,11 +106,12 @@ def dvclive_logger(live):
     return log
 
 
-def stage_fingerprint(stage: str, params_path: str | Path, inputs: list[Path]) -> str:
+def stage_fingerprint(stage: str, params_path: str | Path, inputs: list[Path], launch: dict | None = None) -> str:
     """What a stage's result depends on, as DVC sees it: sha256 (16 hex digits) of the values of
     the params keys dvc.yaml lists for the stage (read from params_path), of the files of its
     code deps (its dvc.yaml deps outside data/) and of its data inputs (the paths given on its
-    command line, which stand in for its data/ deps)."""
+    command line, which stand in for its data/ deps); plus `launch`, what DVC does not see (the
+    number of ranks)."""
     from agentrecipe.train.checkpoint import hash_paths
 
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]
@@ -126,6 +127,8 @@ def stage_fingerprint(stage: str, params_path: str | Path, inputs: list[Path]) -
         params[key] = value
     code = [ROOT / dep for dep in spec["deps"] if not dep.startswith("data/")]
     h = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+    if launch:
+        h.update(json.dumps(launch, sort_keys=True).encode())
     h.update(hash_paths(code).encode())
     h.update(hash_paths(inputs).encode())
     return h.hexdigest()[:16]

@@ -41,18 +41,17 @@ def other_configs(checkpoints: Path, fingerprint: str) -> list[str]:
     return out
 
 
-def failure_guard(log, limit: float, episodes_per_step: int):
-    """`log` that also stops the run once more than `limit` of this run's episodes failed."""
-    counts = {"failed": 0.0, "played": 0}
+def failure_guard(log, limit: float):
+    """`log` that also stops the run once more than `limit` of this run's episodes failed: the
+    run's counts over all ranks (`rollout/failed_total` of `rollout/episodes_total`, kept across a
+    resume), so that every rank stops at the same step (one rank's exit left its peers waiting in
+    the next step's collectives for good)."""
 
     def guarded(step: int, stats: dict) -> None:
         log(step, stats)
-        # over all ranks, so that every rank stops at the same step (one rank's exit left its peers
-        # waiting in the next step's collectives for good)
-        counts["failed"] += dist.all_sum(stats.get("rollout/failed_episodes", 0.0))
-        counts["played"] += int(dist.all_sum(stats.get("rollout/episodes", episodes_per_step)))  # more with dynamic sampling
-        if counts["failed"] > limit * counts["played"]:
-            sys.exit(f"error: {counts['failed']:.0f} of {counts['played']} RL episodes failed by step {step}, "
+        failed, played = stats["rollout/failed_total"], stats["rollout/episodes_total"]
+        if failed > limit * played:
+            sys.exit(f"error: {failed:.0f} of {played:.0f} RL episodes failed by step {step}, "
                      f"more than rl.max_failed_share={limit:g}: broken games or environments (see the errors above); "
                      "the last checkpoint is kept, fix them and rerun")
 
@@ -90,7 +89,9 @@ def main() -> None:
               f"{rl.episodes_per_step} episodes x {dist.world_size()} rank(s) = {played} episodes; "
               f"{cfg['budget'].rl_episodes - played} left unspent")
     checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
-    fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)])
+    # the ranks count: they set the steps the budget buys, and ZeRO's state is split among them
+    fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)],
+                                    {"world_size": dist.world_size()})
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=checkpoints / fingerprint, fingerprint=fingerprint)
     checkpoints.mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
@@ -148,7 +149,7 @@ def main() -> None:
             if live is not None:
                 copy_live(metrics, run.checkpoint_dir / HISTORY)  # before the step's checkpoint is written
 
-        guarded = failure_guard(log_and_keep, rl.max_failed_share, rl.episodes_per_step)
+        guarded = failure_guard(log_and_keep, rl.max_failed_share)
         valid_games = read_manifest(args.envs, split="valid", levels=env.levels)
 
         def backend(policy, tok):

@@ -67,7 +67,7 @@ def main() -> None:
     log = []
     # the stage's failure guard at 0.3: rank 1 alone failed 2 of its 4 episodes by step 2 (0.5), the
     # run 2 of 8 (0.25), so the run goes on (a rank that decided alone exited and hung its peer)
-    guarded = failure_guard(lambda step, stats: log.append(stats), 0.3, rl.episodes_per_step)
+    guarded = failure_guard(lambda step, stats: log.append(stats), 0.3)
     with EnvPool("walk", {}, n_workers=0) as pool:
         actor, _, _ = rl_train(args.policy, games, run, FailingResets(pool, 1 if rank == 1 else None),
                                lambda m, t: HFBackend(m, t.pad_token_id, t.eos_token_id), log=guarded, progress=False)

@@ -65,16 +65,19 @@ def test_too_many_failed_episodes_fail_the_evaluation():
     # per policy: a baseline's clean episodes do not hide the model's failures
     expert = [{**ok, "policy": "expert"}] * 100
     assert "of rl failed" in failed_share_error(expert + [ok] * 8 + [bad] * 2, 0.1, "k")
+    # per mode: success comes from the greedy episodes alone. Before, 10 of 20 greedy episodes
+    # failed unseen beside 80 clean sampled ones (10 of 100 pooled), a 50% success built on failures.
+    greedy = [{**ok, "mode": "greedy"}] * 10 + [{**bad, "mode": "greedy"}] * 10
+    sampled = [{**ok, "mode": "sampled"}] * 80
+    assert "10 of 20 greedy episodes of rl failed" in failed_share_error(greedy + sampled, 0.1, "k")
 
 
 def test_rl_stops_once_too_many_of_its_episodes_failed():
+    """On the run's counts (all ranks, kept across a resume: rl_train's `rollout/*_total`)."""
     logged = []
-    guarded = failure_guard(lambda step, stats: logged.append(step), limit=0.25, episodes_per_step=4)
-    guarded(1, {"rollout/failed_episodes": 1.0})  # 1 of 4: at the limit
-    guarded(2, {"rollout/failed_episodes": 0.0})
+    guarded = failure_guard(lambda step, stats: logged.append(step), limit=0.25)
+    guarded(1, {"rollout/failed_total": 1.0, "rollout/episodes_total": 4.0})  # 1 of 4: at the limit
+    guarded(2, {"rollout/failed_total": 1.0, "rollout/episodes_total": 8.0})
     with pytest.raises(SystemExit, match=r"4 of 12 RL episodes failed by step 3.*rl.max_failed_share=0.25"):
-        guarded(3, {"rollout/failed_episodes": 3.0})  # 4 of 12: above
+        guarded(3, {"rollout/failed_total": 4.0, "rollout/episodes_total": 12.0})  # 4 of 12: above
     assert logged == [1, 2, 3]  # the step is logged before the run stops
-    # Dynamic sampling plays more than episodes_per_step: the share is over what was played.
-    guarded = failure_guard(lambda step, stats: None, limit=0.25, episodes_per_step=4)
-    guarded(1, {"rollout/failed_episodes": 3.0, "rollout/episodes": 12.0})  # 3 of 12: below (was 3 of 4)

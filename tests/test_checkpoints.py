@@ -179,6 +179,12 @@ def test_stage_fingerprint_covers_params_code_and_inputs(tmp_path, monkeypatch):
         change()
         seen.add(stage_fingerprint("rl", params, [envs]))
     assert len(seen) == 4
+    # the number of ranks, which DVC does not see: it sets the steps the budget buys. Before, a run
+    # resumed on 2 ranks found a 1-rank checkpoint at step 20 of 25 'already trained all 12 steps'
+    # and exported it as the finished run.
+    one = stage_fingerprint("rl", params, [envs], {"world_size": 1})
+    assert stage_fingerprint("rl", params, [envs], {"world_size": 2}) != one
+    assert stage_fingerprint("rl", params, [envs], {"world_size": 1}) == one
 
 
 def test_dvclive_history_is_cut_back_to_the_checkpoint_step(tmp_path):
@@ -194,3 +200,24 @@ def test_dvclive_history_is_cut_back_to_the_checkpoint_step(tmp_path):
     shutil.rmtree(restored)
     copy_live(live, restored)  # no step: copied whole
     assert (restored / "plots/metrics/rollout/success.tsv").read_text() == series.read_text()
+
+
+def test_checkpoints_are_ordered_by_step_number(tmp_path):
+    """Before, folder names sorted as strings: step_1000000 came before step_999999, so pruning
+    deleted the checkpoint just written and resume took an older one."""
+    for step in (999_998, 999_999, 1_000_000):
+        save(tmp_path, step)
+    assert sorted(p.name for p in tmp_path.glob("step_*")) == ["step_1000000", "step_999999"]
+    assert ck.latest_checkpoint(tmp_path, "aaaa").name == "step_1000000"
+
+
+def test_a_checkpoint_keeps_the_runs_episode_counts(tmp_path):
+    """The failure guard's counts go on after a resume: restarted at 0, a few failures just after
+    the resume point stopped a run that uninterrupted would have finished."""
+
+    class Loadable(FakeEngine):
+        def load_checkpoint(self, folder, tag):
+            assert (Path(folder) / tag / "mp_rank_00_model_states.pt").exists()
+
+    path = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa", {"played": 80, "failed": 3})
+    assert ck.load_rl_checkpoint(path, Loadable(), None) == (5, {"played": 80, "failed": 3})

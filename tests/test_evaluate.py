@@ -196,3 +196,21 @@ def test_loose_textworld_games_get_their_level_from_their_metadata(tw_games):
     cooking = textworld.Game.load(tw_games["cooking"].path.rsplit(".", 1)[0] + ".json").metadata
     cooking = {k: v for k, v in cooking.items() if k != LEVEL_KEY}
     assert level_from_metadata({**cooking, "settings": {**cooking["settings"], "cut": True}}) is None  # no level name
+
+
+def test_a_manifest_level_without_test_games_is_not_evaluated_on_its_train_games(tmp_path):
+    """Before, levels were filtered before the 'test split, else every row' fallback: asking for a
+    level with train and valid games only evaluated on them, as if they were held out."""
+    from agentrecipe.envs.base import GameSpec
+
+    rows = [GameSpec(str(tmp_path / f"a-{s}.z8"), "a", split=s) for s in ("train", "valid", "test")]
+    rows += [GameSpec(str(tmp_path / f"b-{s}.z8"), "b", split=s) for s in ("train", "valid")]
+    write_manifest(rows, tmp_path / "manifest.jsonl")
+    with pytest.warns(UserWarning, match="level.s. b have no test games; left out"):
+        assert [(g.level, g.split) for g in games_from_folder(tmp_path)] == [("a", "test")]
+    assert [(g.level, g.split) for g in games_from_folder(tmp_path, ["a"])] == [("a", "test")]
+    with pytest.raises(ValueError, match="level.s. b have no test games"):
+        games_from_folder(tmp_path, ["b"])
+    # a manifest without a test split (an ad hoc list of games): every row, of the levels asked for
+    write_manifest([g for g in rows if g.split != "test"], tmp_path / "manifest.jsonl")
+    assert [(g.level, g.split) for g in games_from_folder(tmp_path, ["b"])] == [("b", "train"), ("b", "valid")]

@@ -132,3 +132,19 @@ def test_a_sweep_run_in_parts_is_joined_into_one_page(sweep_folder, tmp_path, ca
     assert "| [B] | 0 1 | 45.0 [0.0, 100.0] | 40 50 | 45.0 [30.7, 60.2] n=40 |" in page
     with pytest.raises(ValueError, match=r"\[A\]-0 succeeded in both"):
         merge_sweeps([first, first], tmp_path / "again", "x")
+    # Runs with other overrides are not one sweep. Before, seed 0 at experiment=micro and seed 1 at
+    # experiment=findings joined into one mean, on a page saying only the swept keys differ.
+    record = json.loads((second / "run.json").read_text())
+    (second / "run.json").write_text(json.dumps({**record, "command": record["command"] + " --override experiment=micro"}))
+    with pytest.raises(ValueError, match="not runs of one sweep: .*--override experiment=micro"):
+        merge_sweeps([first, second], tmp_path / "mixed", "x")
+
+
+def test_runs_of_one_sweep_differ_only_in_which_points_run_and_how():
+    from agentrecipe.report.finding import sweep_identity
+
+    base = "python -m flows.sweep --preset x --override experiment=findings"
+    assert sweep_identity(base + " --point a --point b --stop-after-s 60 --jobs 2") == sweep_identity(base)
+    assert sweep_identity(base + " --stop-after-s=60") == sweep_identity(base)
+    assert sweep_identity(base + " --target validate") != sweep_identity(base)
+    assert sweep_identity(base.replace("findings", "micro")) != sweep_identity(base)

@@ -440,6 +440,10 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
         assert [r["experiment"] for r in rows] == names, preset  # the table holds the whole sweep
         assert [r["state"] for r in rows if r["experiment"] in picked] == ["success"], preset
         assert all(r["state"] == "missing" for r in rows if r["experiment"] not in picked), preset
+        # evaluate did not run: the experiment holds the commit's data/eval/metrics.json, not its own
+        # results (before, every point of such a sweep showed those same committed numbers)
+        [ran] = [r for r in rows if r["experiment"] in picked]
+        assert ran["rl in-domain"] == "–" and "rl.in_domain.success" not in ran and "--target" in ran["error"], preset
         record = json.loads((project / f"data/sweeps/{preset}/run.json").read_text())
         assert record["points"] == len(names) and record["succeeded"] == 1
         assert record["command"] == f"python -m flows.sweep --preset {preset} --override {micro} --override seed=0 " \
@@ -449,8 +453,10 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
     rows = sweep(preset="turn_schedule", overrides=["experiment=micro", "seed=0"], project_dir=str(project),
                  targets=["validate"], only=names[:1])
     assert [r["state"] for r in rows] == ["success", "missing", "success"]
+    assert [r["rl in-domain"] for r in rows] == ["–", "–", "–"]  # the earlier point's, from run.json, too
     record = json.loads((project / "data/sweeps/turn_schedule/run.json").read_text())
     assert record["succeeded"] == 2 and [r["command"].split()[-1] for r in record["earlier"]] == [names[-1]]
+    assert record["without_metrics"] == [names[0], names[-1]]
 
 
 SLEEP_YAML = """\

@@ -66,6 +66,9 @@ def test_rl_under_dvc_resumes_exactly_and_never_reuses_stale_checkpoints(tmp_pat
     assert after >= 2
     assert f"steps {after + 1}..5 of 5 ({(5 - after) * 4} episodes this run)" in out
     assert logged_steps(project) == STEPS
+    # the run's episode count (the failure guard's) goes on from the checkpoint: 5 steps x 4 episodes
+    totals = project / "data/metrics/rl/plots/metrics/rollout/episodes_total.tsv"
+    assert [float(line.split("\t")[1]) for line in totals.read_text().splitlines()[1:]] == [4.0 * s for s in STEPS]
     model = (project / "data/models/rl/model.safetensors").read_bytes()
     [first_config] = fingerprint_dirs(project)
 

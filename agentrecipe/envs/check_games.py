@@ -35,17 +35,21 @@ def playable(pool, games: list[GameSpec], log=print) -> list[GameSpec]:
 
 
 def failed_share_error(records: list[dict], limit: float, key: str) -> str | None:
-    """An error message when more than `limit` of one policy's episodes in `records` failed (else None).
+    """An error message when more than `limit` of one policy's episodes of one mode in `records`
+    failed (else None).
 
-    A record is one episode (`policy`, `failed`, `error`, `game` keys); the message counts the
-    failures and quotes the first errors, so the cause is on screen."""
-    by_policy: dict[str, list[dict]] = {}
+    A record is one episode (`policy`, `mode`, `failed`, `error`, `game` keys). Greedy and sampled
+    episodes count apart: success comes from the greedy ones alone, and pooled with 4 samples per
+    game half of them could fail unseen. The message counts the failures and quotes the first
+    errors, so the cause is on screen."""
+    by_policy: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        by_policy.setdefault(r.get("policy", "?"), []).append(r)
-    for policy, mine in by_policy.items():
+        by_policy.setdefault((r.get("policy", "?"), r.get("mode", "")), []).append(r)
+    for (policy, mode), mine in by_policy.items():
         failed = [r for r in mine if r.get("failed")]
         if len(failed) > limit * len(mine):
             examples = "; ".join(f"{r.get('game', '?')}: {r.get('error', '')}" for r in failed[:3])
-            return (f"error: {len(failed)} of {len(mine)} episodes of {policy} failed ({len(failed) / len(mine):.0%}), "
+            episodes = f"{mode} episodes" if mode else "episodes"
+            return (f"error: {len(failed)} of {len(mine)} {episodes} of {policy} failed ({len(failed) / len(mine):.0%}), "
                     f"more than {key}={limit:g}: its success rate would be built on failures. First errors: {examples}")
     return None

@@ -170,7 +170,9 @@ def write_results(out_dir: str | Path, results: list[EvalResult]) -> Path:
 
 # ----------------------------------------------------------------- ad hoc games
 def games_from_folder(folder: str | Path, levels: list[str] | None = None) -> list[GameSpec]:
-    """Games to evaluate on: a folder with a manifest.jsonl (its test split, else every row), any
+    """Games to evaluate on: a folder with a manifest.jsonl (its test split; every row of a manifest
+    without a test split; a level without test games is left out with a warning, refused when
+    asked for by `levels`: its train and valid games are not test games), any
     folder of TextWorld .z8/.ulx files, each with the .json TextWorld wrote beside it, or a folder
     of ALFWorld game folders (``game.tw-pddl``, official layout or any part of it).
 
@@ -185,9 +187,17 @@ def games_from_folder(folder: str | Path, levels: list[str] | None = None) -> li
     folder = Path(folder)
     manifest = folder / MANIFEST_NAME
     if manifest.exists():
-        games = read_manifest(manifest, levels=levels)
+        games = read_manifest(manifest)
         test = [g for g in games if g.split == "test"]
-        return test or games
+        if not test:  # an ad hoc manifest: every row is a test game
+            return [g for g in games if levels is None or g.level in levels]
+        untested = [lvl for lvl in dict.fromkeys(g.level for g in games) if lvl not in {g.level for g in test}]
+        if levels is not None and (asked := [lvl for lvl in levels if lvl in untested]):
+            raise ValueError(f"{manifest}: level(s) {', '.join(asked)} have no test games (only train/valid ones, "
+                             "which are not held out)")
+        if untested and levels is None:
+            warnings.warn(f"{manifest}: level(s) {', '.join(untested)} have no test games; left out", stacklevel=2)
+        return [g for g in test if levels is None or g.level in levels]
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder of games")
     games = []

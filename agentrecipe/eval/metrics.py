@@ -56,19 +56,34 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - prod
 
 
-def mean_interval(xs: list[float], z: float = 1.959964, low: float = 0.0, high: float = 1.0) -> tuple[float, float]:
-    """Normal-approximation interval of a mean of values in [low, high] (95% for the default z):
+# Two-sided 95% critical values of Student's t for 1..30 degrees of freedom (then the normal's).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
 
-        mean -+ z * s / sqrt(n),   s^2 = sum (x - mean)^2 / (n - 1)
 
-    clipped to [low, high]; with fewer than 2 values nothing is known: (low, high).
+def t_975(df: int) -> float:
+    """Student's t two-sided 95% critical value for `df` >= 1 degrees of freedom (the normal's 1.96 above 30)."""
+    if df < 1:
+        raise ValueError(f"need at least 1 degree of freedom, got {df}")
+    return T_975[df - 1] if df <= len(T_975) else 1.959964
+
+
+def mean_interval(xs: list[float], low: float = 0.0, high: float = 1.0) -> tuple[float, float]:
+    """Student's t 95% interval of a mean of values in [low, high]:
+
+        mean -+ t(n - 1) * s / sqrt(n),   s^2 = sum (x - mean)^2 / (n - 1)
+
+    clipped to [low, high]; with fewer than 2 values nothing is known: (low, high). It measures
+    the spread of the values only: values all alike give a zero-width interval (0/20 won on 0/1
+    scores gives (0, 0), where the Wilson interval of success gives (0, 0.161)).
     Used for the mean score (e.g. SWE tasks' pass ratio), beside the Wilson interval of success.
     """
     n = len(xs)
     if n < 2:
         return low, high
     mean = sum(xs) / n
-    half = z * math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
+    half = t_975(n - 1) * math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1) / n)
     return max(low, mean - half), min(high, mean + half)
 
 
@@ -76,18 +91,12 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-# Decimals kept in a metrics cell: 6, so a percentage printed to one decimal from the stored
-# value equals the one printed from the counts (at 4, 0/30's Wilson upper bound 0.113513 was
-# stored as 0.1135 and printed 11.3 where the counts give 11.4).
-METRIC_DIGITS = 6
-
-
 def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
     """One metrics cell from episode records of one policy (and usually one level).
 
     From greedy episodes: ``success`` (won / n) with its 95% Wilson interval
     (``success_ci_low``, ``success_ci_high``), ``score`` (mean score / max score) with its
-    95% normal interval (``score_ci_low``, ``score_ci_high``; `mean_interval`),
+    95% t interval (``score_ci_low``, ``score_ci_high``; `mean_interval`),
     ``turns_won`` (mean turns of won episodes, None if none won), ``invalid_rate``
     (invalid actions / turns), ``context_cut`` (share of greedy episodes ended by
     agent.max_context: a context too small for the game cuts episodes short without an error),
@@ -129,7 +138,9 @@ def summarize(records: Iterable[dict], pass_k: list[int]) -> dict:
         cell[f"pass@{k}"] = _mean(per_game)
     cell["n"] = len(greedy)
     cell["failed"] = sum(bool(r["failed"]) for r in records)
-    return {key: round(v, METRIC_DIGITS) if isinstance(v, float) else v for key, v in cell.items()}
+    # Stored as computed, not rounded: a bound rounded to 6 decimals could land on x.xx5 and print
+    # 68.0% where its counts give 68.1% (33/40's Wilson low 0.680500095).
+    return cell
 
 
 def summarize_levels(records: Iterable[dict], pass_k: list[int], groups: dict[str, list[str]] | None = None) -> dict:

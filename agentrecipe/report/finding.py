@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
         for name in ("run.json", "results.csv", "summary.csv"):
             if not (folder / name).exists():
                 raise FileNotFoundError(f"{folder / name}: not there; each --sweep must be a finished sweep's folder")
+    _check_one_sweep(folders)
     swept = [*_setting_keys(read_csv(folders[-1] / "summary.csv")), seeds.SEED_KEY]
     text = set(TEXT_COLUMNS) | set(swept)
     rows: dict[str, dict[str, Any]] = {}
@@ -160,6 +162,40 @@ def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
             "earlier": runs[:-1]}
     (out / "run.json").write_text(json.dumps(last, indent=2) + "\n")
     return out
+
+
+# Options of `python -m flows.sweep` that choose which points run and how, not what a point is.
+RUN_OPTIONS = {"--point": 1, "--stop-after-s": 1, "--jobs": 1, "--timeout-s": 1, "--name": 1}
+
+
+def sweep_identity(command: str) -> list[str]:
+    """A sweep run's command without the options that do not change its points' params
+    (`RUN_OPTIONS`): two runs of one sweep have the same identity."""
+    words, out = shlex.split(command), []
+    while words:
+        word = words.pop(0)
+        option, _, value = word.partition("=")
+        if option in RUN_OPTIONS:
+            if not value:
+                del words[:RUN_OPTIONS[option]]
+            continue
+        out.append(word)
+    return out
+
+
+def _check_one_sweep(folders: list[Path]) -> None:
+    """Refuse folders whose runs were not of one sweep (another preset, --override or --target): a
+    point's name leaves out the overrides it shares with the others, so seed 0 run with
+    experiment=micro and seed 1 with experiment=findings would join into one setting's mean."""
+    runs = []
+    for folder in folders:
+        record = json.loads((folder / "run.json").read_text())
+        runs += [(folder, r["command"]) for r in [*record.get("earlier", []), record]]
+    first_folder, first = runs[0]
+    for folder, command in runs[1:]:
+        if sweep_identity(command) != sweep_identity(first):
+            raise ValueError(f"not runs of one sweep: {first_folder} ran `{first}`, {folder} ran `{command}` "
+                             f"(only {', '.join(RUN_OPTIONS)} may differ)")
 
 
 def _runs_by(runs: list[dict[str, Any]], key: str) -> dict[str, list[int]]:

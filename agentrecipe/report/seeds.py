@@ -22,17 +22,11 @@ import math
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from agentrecipe.eval.metrics import wilson_interval
+from agentrecipe.eval.metrics import t_975, wilson_interval
 
 SEED_KEY = "seed"
 CELLS = {"rl in-domain": "rl.in_domain", "rl ood": "rl.ood", "sft in-domain": "sft.in_domain", "sft ood": "sft.ood"}
 """Summary column -> metrics prefix (`<prefix>.success`, `<prefix>.n` from evaluation)."""
-
-# Two-sided 95% critical values of Student's t for 1..30 degrees of freedom (then the normal's).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """(mean, low, high): Student's t 95% interval of the mean, clipped to [0, 1]; nan bounds for one value."""
@@ -43,7 +37,7 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     if n == 1:
         return mean, math.nan, math.nan
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = (T_975[n - 2] if n - 1 <= len(T_975) else 1.959964) * sd / math.sqrt(n)
+    half = t_975(n - 1) * sd / math.sqrt(n)
     return mean, max(0.0, mean - half), min(1.0, mean + half)
 
 

@@ -119,8 +119,8 @@ CORRUPT_SUFFIX = ".corrupt"
 
 
 def _step_dirs(root: Path) -> list[Path]:
-    """step_NNNNNN folders (no .tmp / .old / .corrupt), oldest first."""
-    return sorted(p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit())
+    """step_NNNNNN folders (no .tmp / .old / .corrupt), oldest first (by number: step_1000000 after step_999999)."""
+    return sorted((p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -158,8 +158,10 @@ def remove_checkpoint(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str, keep: int = 2) -> Path:
-    """Write checkpoint step_NNNNNN under root, then keep the `keep` newest of this fingerprint."""
+def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str,
+                       counts: dict[str, int] | None = None, keep: int = 2) -> Path:
+    """Write checkpoint step_NNNNNN under root, then keep the `keep` newest of this fingerprint.
+    counts: the run's episode counts so far ({"played", "failed"}, all ranks), restored on resume."""
     import random
 
     root = Path(root)
@@ -175,7 +177,8 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
         critic.save_checkpoint(str(tmp / "critic_state"), tag="state")
     save_hf(actor, tokenizer, tmp / "model")
     if rank0:
-        state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
+        state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
+                 "episode_counts": dict(counts or {"played": 0, "failed": 0})}
         torch.save(state, tmp / STATE_FILE)
         manifest = {"step": step, "fingerprint": fingerprint, "files": tree_files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -241,8 +244,9 @@ def checkpoint_step(path: str | Path) -> int:
     return read_manifest(path)["step"]
 
 
-def load_rl_checkpoint(path: str | Path, actor, critic) -> int:
-    """Restore engines and RNG states from a checkpoint; return the step it was taken after."""
+def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, int]]:
+    """Restore engines and RNG states from a checkpoint; return the step it was taken after and the
+    run's episode counts by then ({"played", "failed"}, all ranks)."""
     import random
 
     path = Path(path)
@@ -256,7 +260,7 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> int:
                            f"delete it or move it aside to resume from an older one") from e
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["step"])
+    return int(state["step"]), dict(state.get("episode_counts", {"played": 0, "failed": 0}))
 
 
 # --------------------------------------------------------------- best model

@@ -268,9 +268,12 @@ def rl_train(
         ref, _ = load_model(policy_dir, DTYPES[run.dtype])
         ref.to(actor.device).eval().requires_grad_(False)
     start_step = 0
+    # episodes played and failed so far, all ranks: a resumed run goes on counting where it left off
+    # (restarted at 0, a few failures just after the resume point stopped a run that uninterrupted finished)
+    counts = {"played": 0, "failed": 0}
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
     if ckpt is not None:
-        start_step = load_rl_checkpoint(ckpt, actor, critic)
+        start_step, counts = load_rl_checkpoint(ckpt, actor, critic)
         print(f"rl: resumed from {ckpt} (after step {start_step})")
     # rl.keep_best: the best validated model so far; one kept after the resumed checkpoint's step is
     # from steps that are now replayed, so it no longer stands
@@ -480,6 +483,9 @@ def rl_train(
         played_rewards = rewards if played is episodes else [rewards_of(ep) for ep in played]
         stats.update(rollout_stats(played, played_rewards, played_group_of, rl.group_size))
         stats.update(dapo_stats)
+        counts["played"] += int(dist.all_sum(stats["rollout/episodes"]))
+        counts["failed"] += int(dist.all_sum(stats["rollout/failed_episodes"]))
+        stats.update({"rollout/episodes_total": float(counts["played"]), "rollout/failed_total": float(counts["failed"])})
         stats.update({
             "schedule/max_turns": float(max_turns),
             "perf/gen_tokens_per_s": gen_tokens / max(t_rollout - t_env, 1e-9),
@@ -515,6 +521,6 @@ def rl_train(
         bar.update(1)
         bar.set_postfix(success=f"{stats['rollout/success']:.2f}", turns=max_turns)
         if (step + 1) % rl.checkpoint_every == 0 or step + 1 == run.n_steps:
-            save_rl_checkpoint(run.checkpoint_dir, step + 1, actor, critic, tokenizer, run.fingerprint)
+            save_rl_checkpoint(run.checkpoint_dir, step + 1, actor, critic, tokenizer, run.fingerprint, counts)
     bar.close()
     return actor, tokenizer, start_step
