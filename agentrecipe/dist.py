@@ -20,6 +20,14 @@ def is_rank0() -> bool:
     return rank() == 0
 
 
+def barrier() -> None:
+    """Wait for every rank (nothing without a process group)."""
+    import torch
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def _all_reduce(x: int | float, op: str, device=None) -> int | float:
     """`x` reduced over all ranks with `op` ("sum" or "max"); `x` itself without a process group.
     Every rank must call it. On `device`, else the backend's (NCCL reduces CUDA tensors only)."""

@@ -22,7 +22,8 @@ from agentrecipe import dist
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
-from agentrecipe.train.checkpoint import BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf
+from agentrecipe.train.checkpoint import (BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf,
+                                         settle_best)
 from agentrecipe.train.rl import RLRun, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
                            stage_fingerprint, torch_threads)
@@ -130,6 +131,8 @@ def main() -> None:
         elif ckpt is not None:
             print(f"rl: no DVCLive history beside {ckpt}: the curves start after step {first}")
     if first >= n_steps:
+        if rank0 and rl.keep_best:
+            settle_best(run.checkpoint_dir, first)  # killed before the last checkpoint promoted it
         if rank0 and (best := best_to_export(rl.keep_best, run.checkpoint_dir)):
             export_best(best, run.checkpoint_dir, args.out)
         elif rank0:

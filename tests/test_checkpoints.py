@@ -221,3 +221,32 @@ def test_a_checkpoint_keeps_the_runs_episode_counts(tmp_path):
 
     path = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa", {"played": 80, "failed": 3})
     assert ck.load_rl_checkpoint(path, Loadable(), None) == (5, {"played": 80, "failed": 3})
+
+
+def test_the_best_model_is_the_best_as_of_the_checkpoint_a_run_resumes_from(tmp_path):
+    """keep_best: a better model validated after the newest checkpoint waits beside the best until
+    the next checkpoint. Before, it replaced the best at once: killed before the next checkpoint,
+    the resumed run dropped it (its step is replayed) and, with it, the better model of an earlier
+    step; a replayed validation that came out worse (vLLM, GPUs) then exported a worse model than
+    one its own curve showed."""
+    def best(step, success):
+        ck.save_best(tmp_path, step, FakeEngine(step), FakeTokenizer(), {"valid/success": success, "valid/score": success})
+
+    best(2, 0.8)
+    assert ck.read_best(tmp_path) is None  # pending until its checkpoint
+    save(tmp_path, 3)
+    assert ck.read_best(tmp_path)["step"] == 2
+    best(4, 0.9)  # killed here, before the checkpoint of step 5
+    assert ck.read_best(tmp_path)["step"] == 2 and ck.read_best(tmp_path, ck.PENDING_BEST_DIR)["step"] == 4
+    ck.settle_best(tmp_path, upto=3)  # the resume from step 3 replays step 4
+    assert ck.read_best(tmp_path) == {"step": 2, "valid/success": 0.8, "valid/score": 0.8}
+    assert not (tmp_path / ck.PENDING_BEST_DIR).exists()
+    # killed after the checkpoint of step 5 was written but before it promoted the pending best
+    best(4, 0.9)
+    ck.settle_best(tmp_path, upto=5)
+    assert ck.read_best(tmp_path)["step"] == 4
+    assert torch.load(tmp_path / ck.BEST_DIR / "model.pt")["w"][0] == 4.0  # its weights, not step 2's
+    # killed between replace_dir's two renames: the best set aside is put back
+    (tmp_path / ck.BEST_DIR).rename(tmp_path / (ck.BEST_DIR + ".old"))
+    ck.settle_best(tmp_path, upto=5)
+    assert ck.read_best(tmp_path)["step"] == 4

@@ -171,7 +171,7 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier()
+    dist.barrier()
     actor.save_checkpoint(str(tmp / "actor_state"), tag="state")
     if critic is not None:
         critic.save_checkpoint(str(tmp / "critic_state"), tag="state")
@@ -185,8 +185,9 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
         if final.exists():
             (final / MANIFEST).unlink(missing_ok=True)
         replace_dir(tmp, final)
+        promote_best(root)
         prune_checkpoints(root, fingerprint, keep)
-    _barrier()
+    dist.barrier()
     return final
 
 
@@ -265,15 +266,18 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, 
 
 # --------------------------------------------------------------- best model
 BEST_DIR = "best"
-"""Under a run's checkpoint folder: the model of the best validation so far (rl.keep_best)."""
+"""Under a run's checkpoint folder: the model of the best validation up to the newest checkpoint
+(rl.keep_best)."""
+PENDING_BEST_DIR = "best.pending"
+"""Beside it: a better model validated since that checkpoint; the next checkpoint makes it the best."""
 BEST_FILE = "best.json"
-"""In that folder (and in the exported model): the step and validation figures it was kept for."""
+"""In those folders (and in the exported model): the step and validation figures it was kept for."""
 
 
-def read_best(root: str | Path) -> dict | None:
+def read_best(root: str | Path, folder: str = BEST_DIR) -> dict | None:
     """{"step", "valid/success", "valid/score"} of the kept best model under `root`, None if there is none."""
     try:
-        best = json.loads((Path(root) / BEST_DIR / BEST_FILE).read_text())
+        best = json.loads((Path(root) / folder / BEST_FILE).read_text())
         return {"step": int(best["step"]), "valid/success": float(best["valid/success"]),
                 "valid/score": float(best["valid/score"])}
     except (OSError, ValueError, KeyError, TypeError):
@@ -288,18 +292,40 @@ def is_better(stats: dict, best: dict | None) -> bool:
 
 
 def save_best(root: str | Path, step: int, actor, tokenizer, stats: dict) -> Path:
-    """Write the model as `root/best` with its best.json, replacing the previous best (every rank
-    calls it: ZeRO-3 gathers the weights; rank 0 writes)."""
+    """Write the model as `root/best.pending` with its best.json, replacing an earlier pending one
+    (every rank calls it: ZeRO-3 gathers the weights; rank 0 writes). The next checkpoint makes it
+    `root/best` (`promote_best`): the best then always belongs to the steps a kept checkpoint has
+    seen. Written straight to `best`, a kill before the next checkpoint left a best of a step that
+    the resumed run replays; its replayed validation (vLLM and GPUs are not bitwise deterministic)
+    could come out worse, and the better model of an earlier step was gone."""
     root = Path(root)
     new = save_hf(actor, tokenizer, root / (BEST_DIR + ".new"))
     if dist.is_rank0():
         record = {"step": step, "valid/success": stats["valid/success"], "valid/score": stats["valid/score"]}
         (new / BEST_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        replace_dir(new, root / BEST_DIR)
-    _barrier()
-    return root / BEST_DIR
+        replace_dir(new, root / PENDING_BEST_DIR)
+    dist.barrier()
+    return root / PENDING_BEST_DIR
 
 
-def _barrier() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
+def promote_best(root: str | Path) -> None:
+    """A pending best becomes the best (rank 0, once its step's checkpoint is written)."""
+    root = Path(root)
+    if (root / PENDING_BEST_DIR).is_dir():
+        replace_dir(root / PENDING_BEST_DIR, root / BEST_DIR)
+
+
+def settle_best(root: str | Path, upto: int) -> None:
+    """The best as of step `upto`, the checkpoint a run resumes from (rank 0; the others read after
+    a barrier): a best put aside by a kill mid-replacement is put back; a pending best of a step up
+    to `upto` (killed before promoting it) becomes the best; one of a later step is dropped, since
+    the resumed run replays those steps and validates them anew."""
+    root = Path(root)
+    aside = root / (BEST_DIR + ".old")
+    if not (root / BEST_DIR).exists() and aside.is_dir():
+        aside.rename(root / BEST_DIR)
+    pending = read_best(root, PENDING_BEST_DIR)
+    if pending is not None and pending["step"] <= upto:
+        promote_best(root)
+    else:
+        shutil.rmtree(root / PENDING_BEST_DIR, ignore_errors=True)

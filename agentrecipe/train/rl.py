@@ -46,7 +46,7 @@ from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, phase_steps, turn_limit
 from agentrecipe.train.checkpoint import (full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint, read_best,
-                                         save_best, save_rl_checkpoint)
+                                         save_best, save_rl_checkpoint, settle_best)
 from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.dynamic_sampling import dynamic_sampling
@@ -275,11 +275,14 @@ def rl_train(
     if ckpt is not None:
         start_step, counts = load_rl_checkpoint(ckpt, actor, critic)
         print(f"rl: resumed from {ckpt} (after step {start_step})")
-    # rl.keep_best: the best validated model so far; one kept after the resumed checkpoint's step is
-    # from steps that are now replayed, so it no longer stands
-    best = read_best(run.checkpoint_dir) if rl.keep_best else None
-    if best is not None and best["step"] > start_step:
-        best = None
+    # rl.keep_best: the best validated model as of the resumed checkpoint (a pending one of a later
+    # step is from steps that are now replayed, so it no longer stands)
+    best = None
+    if rl.keep_best:
+        if rank == 0:
+            settle_best(run.checkpoint_dir, start_step)
+        dist.barrier()
+        best = read_best(run.checkpoint_dir)
     # Under ZeRO-3 the HF backend generates with a gathered copy of the policy: rollouts then run
     # no collectives, so ranks whose episodes take different numbers of turns and tokens never wait
     # on each other (one gather per step, on every rank, instead of one per generated token).
