@@ -29,6 +29,13 @@ class Dag:
     """Stages each stage depends on directly."""
     metric_stages: list[str] = field(default_factory=list)
     """Stages that write a metrics file (dvc.yaml's `metrics:`, or an out marked as one)."""
+    outs: dict[str, list[str]] = field(default_factory=dict)
+    """What each stage writes: its outs, as paths relative to the project."""
+
+    def writer(self, path: str) -> str | None:
+        """The stage whose out is `path` or a folder holding it (None: no stage writes it)."""
+        parts = Path(path).parts
+        return next((s for s, outs in self.outs.items() for o in outs if parts[:len(Path(o).parts)] == Path(o).parts), None)
 
     def select(self, targets: list[str] | None) -> list[str]:
         """`targets` and everything upstream of them, in run order (all stages for None or [])."""
@@ -78,7 +85,8 @@ def read_dag(project_dir: str | Path = ".") -> Dag:
                         for s in stages for m in getattr(s.dvcfile, "metrics", None) or []}
         metric_stages = [address(s) for s in stages
                          if any(o.metric or os.path.normpath(o.fs_path) in metric_files for o in s.outs)]
-        return Dag([address(s) for s in stages], upstream, metric_stages)
+        outs = {address(s): [os.path.relpath(o.fs_path, repo.root_dir) for o in s.outs] for s in stages}
+        return Dag([address(s) for s in stages], upstream, metric_stages, outs)
 
 
 def site_cache_dir(project_dir: str | Path) -> str | None:

@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from agentrecipe.report.compare import flatten
-from flows.dvc_dag import dvc, dvc_env, read_dag, run_streaming
+from flows.dvc_dag import Dag, dvc, dvc_env, read_dag, run_streaming
 
 METRICS_FILE = "data/eval/metrics.json"
 REPORT_FILE = "data/report/report.md"
@@ -69,17 +69,22 @@ def metrics_rows(metrics: Any) -> list[dict[str, Any]]:
     return [{"metric": k, "value": v} for k, v in flatten(metrics).items()]
 
 
-def publish_results(project: Path, metrics_file: str, report_file: str) -> None:
-    """Evaluation metrics as a table artifact and the report as a markdown artifact, when they exist."""
+def publish_results(project: Path, metrics_file: str, report_file: str, dag: Dag, stages: list[str]) -> None:
+    """Evaluation metrics as a table artifact and the report as a markdown artifact, when they exist
+    and the stage that writes each was among this run's `stages` (ran, or found up to date). Before,
+    a run of `--targets rl` published the last evaluation's metrics as if they were this run's."""
     logger = get_run_logger()
     metrics_path, report_path = project / metrics_file, project / report_file
-    if metrics_path.exists():
+    for path in (metrics_file, report_file):
+        if (writer := dag.writer(path)) not in stages:
+            logger.info("%s not published: %s", path, f"its stage {writer} was not run" if writer else "no stage writes it")
+    if metrics_path.exists() and dag.writer(metrics_file) in stages:
         try:
             rows = metrics_rows(json.loads(metrics_path.read_text()))
             create_table_artifact(rows, key="evaluation-metrics", description=f"`{metrics_file}` after this run")
         except (ValueError, TypeError) as e:
             logger.warning("could not publish %s: %s", metrics_file, e)
-    if report_path.exists():
+    if report_path.exists() and dag.writer(report_file) in stages:
         text = embed_images(report_path.read_text(), report_path.parent)
         create_markdown_artifact(text, key="report", description=f"`{report_file}` after this run")
 
@@ -126,7 +131,8 @@ def pipeline(
     """
     logger = get_run_logger()
     project = Path(project_dir).resolve()
-    stages = read_dag(project).select(targets)
+    dag = read_dag(project)
+    stages = dag.select(targets)
     logger.info("stages in run order: %s", ", ".join(stages))
     summary = []
     for stage in stages:
@@ -134,7 +140,7 @@ def pipeline(
         step = run_stage.with_options(retries=n, retry_delay_seconds=retry_delay_seconds)
         summary.append(step(stage, str(project), force))  # a failure raises and ends the flow here
     create_table_artifact(summary, key="pipeline-stages", description="DVC stages of this run")
-    publish_results(project, metrics_file, report_file)
+    publish_results(project, metrics_file, report_file, dag, stages)
     return summary
 
 

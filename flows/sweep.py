@@ -94,8 +94,10 @@ def point_names(points: list[list[str]]) -> list[str]:
         for key in [k for k in keys if k in given] or list(given):
             value = re.sub(r"[^A-Za-z0-9._]+", "-", re.sub(r"^-", "m", given[key])).strip("-.")
             parts.append(f"{key.split('.')[-1]}-{value or 'none'}")
-        name = "_".join(parts) or "default"
-        names.append(name if name not in names else f"{name}-{len(names) + 1}")
+        name = base = "_".join(parts) or "default"
+        while name in names:  # a suffixed name can be taken too: `[6,3]` and then `[6]` twice
+            name = f"{base}-{len(names) + 1}" if name == base else f"{name}-1"
+        names.append(name)
     return names
 
 
@@ -149,6 +151,12 @@ def queue_points(project: str, points: dict[str, list[str]], targets: list[str] 
     if old := sorted(existing & set(points)):
         logger.info("replacing earlier experiments: %s", ", ".join(old))
         run(dvc("exp", "remove", *old), project, env)
+    # A failed run of a point stays in DVC's queue (`exp list` shows successes only), and `exp show`
+    # listed it after the point's new run: a point that failed once showed as failed for good.
+    status = run(dvc("queue", "status"), project, env).stdout
+    if failed := [task for task, name in queue_tasks(status, "Failed") if name in points]:
+        logger.info("removing earlier failed runs of these points from the queue: %s", ", ".join(failed))
+        run(dvc("queue", "remove", *failed), project, env)
     queued = []
     for name, overrides in points.items():
         cmd = dvc("exp", "run", "--queue", "--name", name, *(targets or []), *[a for o in overrides for a in ("-S", o)])
@@ -233,9 +241,15 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
             raise
 
 
+def queue_tasks(status: str, state: str) -> list[tuple[str, str]]:
+    """(task id, name) of the tasks in `state` (Queued, Failed, ...) in `dvc queue status`'s table
+    (Task, Name, Created, Status)."""
+    return [(cols[0], cols[1]) for line in status.splitlines() if len(cols := line.split()) >= 4 and cols[-1] == state]
+
+
 def queued_points(status: str) -> list[str]:
-    """The names of the queued points in `dvc queue status`'s table (Task, Name, Created, Status)."""
-    return [cols[1] for line in status.splitlines() if len(cols := line.split()) >= 4 and cols[-1] == "Queued"]
+    """The names of the queued points in `dvc queue status`'s table."""
+    return [name for _, name in queue_tasks(status, "Queued")]
 
 
 NO_LOG = "no log: failed before any stage ran (DVC's worker log: .dvc/tmp/exps/celery/dvc-exp-worker-1.out)"
@@ -257,12 +271,13 @@ def params_differ(project: str, overrides: list[str], params: dict[str, Any], sh
 
 @task(name="collect-results", cache_policy=NO_CACHE)
 def collect_results(project: str, points: dict[str, list[str]], out: str, title: str,
-                    without_metrics: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                    without_metrics: dict[str, str] | None = None, baseline: str | None = None) -> list[dict[str, Any]]:
     """Each point's state and metrics from `dvc exp show --json`: results.csv (every metric),
     results.png, a table artifact (swept values, RL results, the error last) and the table in the log.
     without_metrics: {name: why} of points whose runs wrote no metrics (their experiments hold the
-    commit's metrics files): their rows show none."""
-    by_name = {r["name"]: r for r in compare.experiments(compare.exp_show(project))}
+    commit's metrics files): their rows show none. baseline: the commit the points were queued on
+    (default HEAD)."""
+    by_name = {r["name"]: r for r in compare.experiments(compare.exp_show(project, baseline))}
     swept = result_keys(list(points.values()))
     rows = []
     for name, overrides in points.items():
@@ -384,6 +399,7 @@ def sweep(
     dag = read_dag(project)
     unrun = [s for s in dag.metric_stages if s not in dag.select(targets)] if targets else []
     started, revision = time.time(), git_revision(project)  # what the queued experiments start from
+    baseline = head_commit(project)  # their results are read from this commit's experiments, wherever HEAD is then
     queue_points(project, named, targets)
     ran = run_queue.with_options(timeout_seconds=timeout_s)(project, list(named), jobs, f"{project}/{out}/queue.log",
                                                              stop_after_s, return_state=True)
@@ -395,7 +411,10 @@ def sweep(
     no_metrics = [n for n in every if (n in named and unrun) or (n in earlier and n not in named)]
     why = "its run stopped before the stages that write metrics (--target); rerun it without: --point {}"
     # with --point, the others from earlier runs of this commit
-    rows = collect_results(project, every, out, title, {n: why.format(n) for n in no_metrics})
+    if (now := head_commit(project)) != baseline:
+        logger.warning("HEAD moved from %s to %s during the sweep; its results are read from %s's experiments",
+                       baseline[:12], now[:12], baseline[:12])
+    rows = collect_results(project, every, out, title, {n: why.format(n) for n in no_metrics}, baseline)
     record = {"command": command_line(preset, overrides, jobs, name, targets, only, stop_after_s), "revision": revision,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),
               "points": len(rows), "succeeded": sum(r["state"] == "success" for r in rows), "machine": machine(),
@@ -410,6 +429,12 @@ def sweep(
         why = "; ".join(f"{r['experiment']}: {r['state']}" + (f", {r['error']}" if r["error"] else "") for r in failed)
         raise RuntimeError(f"{len(failed)} of {len(named)} points failed ({why}); see {out}/results.csv")
     return rows
+
+
+def head_commit(project: str) -> str:
+    """The full sha of the project's HEAD."""
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def sweep_points(project: Path, preset: str | None, overrides: list[str] | None) -> dict[str, list[str]]:

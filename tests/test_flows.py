@@ -61,6 +61,9 @@ def test_points_are_named_after_the_values_they_sweep():
     ]
     assert point_names([["a=1"]]) == ["a-1"]  # nothing differs: every override names it
     assert point_names([["a=1"], ["a=1"]]) == ["a-1", "a-1-2"]
+    # a suffixed name that another point has: before, two points shared a name and one was dropped
+    twice = [["t=[6,3]", "s=0"], ["t=[6]", "s=0"], ["t=[6]", "s=0"]]
+    assert point_names(twice) == ["t-6-3", "t-6", "t-6-3-1"]
     for name in point_names(points):
         assert subprocess.run(["git", "check-ref-format", f"refs/exps/{name}"]).returncode == 0, name
 
@@ -271,8 +274,10 @@ def test_pipeline_runs_every_stage_in_dag_order(prefect_harness, tmp_path):
     assert artifact("report").data.startswith("# Report")
 
     # DVC decides what is up to date; targets select a stage and what it needs.
+    report = artifact("report").id
     again = pipeline(project_dir=str(project), targets=["train"])
     assert [(s["stage"], s["status"]) for s in again] == [("build_data", "up to date"), ("train", "up to date")]
+    assert artifact("report").id == report  # its stage did not run: the last report is not published as this run's
 
 
 FAILING_YAML = """\
@@ -334,7 +339,9 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     from agentrecipe.report.compare import compare
     from flows.sweep import sweep
 
-    project = make_project(tmp_path / "p", SWEEP_YAML, {"score.py": SWEEP_SCORE_PY})
+    allow_negative = tmp_path / "allow-negative-lr"  # the failure's cause, removed before the rerun
+    score_py = SWEEP_SCORE_PY.replace("if lr < 0:", f"if lr < 0 and not os.path.exists({str(allow_negative)!r}):")
+    project = make_project(tmp_path / "p", SWEEP_YAML, {"score.py": score_py})
     state = sweep(overrides=["train.lr=0.2,0.3,-1"], project_dir=str(project), return_state=True)
     assert state.is_failed() and "1 of 3 points failed (lr-m1: failed, " in state.message
     assert "score: lr must be >= 0, got -1" in state.message  # the failed point's own error, for CI logs
@@ -368,9 +375,13 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     narrow = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in narrow[1:]] == ["lr-0.3", "lr-m1"] and all(len(line) <= 60 for line in narrow)
 
-    # Run again on the same commit: the experiment of the same name is replaced, not refused.
-    again = sweep(overrides=["train.lr=0.3"], project_dir=str(project), name="again")
-    assert [(r["experiment"], r["state"]) for r in again] == [("lr-0.3", "success")]
+    # Run again on the same commit: the experiment of the same name is replaced, not refused; the point
+    # that failed, its cause gone, succeeds (before, its failed run stayed in DVC's queue and was
+    # listed after the new one: the table showed the old failure for good).
+    allow_negative.touch()
+    again = sweep(overrides=["train.lr=0.3,-1"], project_dir=str(project), name="again")
+    assert [(r["experiment"], r["state"]) for r in again] == [("lr-0.3", "success"), ("lr-m1", "success")]
+    assert again[1]["rl.in_domain.success"] == -1 and again[1]["error"] == ""
     assert not (project / "data/sweeps/again/summary.csv").exists()  # one seed: nothing to sum up
 
     # A seed axis: the points that differ only in seed, summed up (0.3 and 0.4 of 10 episodes each).
@@ -395,13 +406,24 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     points = {"seed-0": ["train.lr=0.3", "seed=0", "train.steps=3"], "seed-1": ["train.lr=0.3", "seed=1"]}
 
     @flow(name="collect")
-    def collect():
-        return collect_results(str(project), points, "data/sweeps/mixed", "mixed")
+    def collect(baseline=None):
+        return collect_results(str(project), points, "data/sweeps/mixed", "mixed", baseline=baseline)
 
     rows = collect()
     assert [(r["experiment"], r["state"]) for r in rows] == [("seed-0", "stale"), ("seed-1", "success")]
     assert rows[0]["error"] == "ran with other params than this point's (train.steps 2, not 3); rerun it: --point seed-0"
     assert rows[0]["rl in-domain"] == "–" and "rl.in_domain.success" not in rows[0]
+
+    # The results are those of the commit the points were queued on, wherever HEAD is by then. Before,
+    # a checkout during a long sweep read the other commit's experiments of the same names.
+    from flows.sweep import head_commit
+
+    queued_on = head_commit(str(project))
+    (project / "notes.txt").write_text("a commit made while the sweep ran\n")
+    git(project, "add", "notes.txt")
+    git(project, "commit", "-qm", "notes")
+    assert [r["state"] for r in collect()] == ["missing", "missing"]  # HEAD's experiments: none of these
+    assert [r["state"] for r in collect(queued_on)] == ["stale", "success"]
 
 
 FINDINGS = ["budget_split", "algo_x_reward", "env_complexity", "turn_schedule", "alfworld_sft_rl"]
@@ -520,7 +542,7 @@ def test_sweep_stop_after_lets_the_running_point_finish_and_runs_no_other(prefec
 
 
 def test_queued_points_reads_dvc_queue_status():
-    from flows.sweep import queued_points
+    from flows.sweep import queue_tasks, queued_points
 
     status = """Task     Name    Created    Status
 0625a07  p2      09:26 PM   Queued
@@ -531,6 +553,7 @@ def test_queued_points_reads_dvc_queue_status():
 Worker status: 0 active, 0 idle
 """
     assert queued_points(status) == ["p2", "p3"]
+    assert queue_tasks(status + "9f8e7d6  p2      09:20 PM   Failed\n", "Failed") == [("9f8e7d6", "p2")]
 
 
 def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):

@@ -32,9 +32,9 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def exp_show(project: str | Path = ".") -> list[dict[str, Any]]:
-    """`dvc exp show --json` of `project` (the current commit and its experiments)."""
-    res = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json", "--no-fetch"],
+def exp_show(project: str | Path = ".", rev: str | None = None) -> list[dict[str, Any]]:
+    """`dvc exp show --json` of `project`: the experiments of commit `rev` (default the current one)."""
+    res = subprocess.run([sys.executable, "-m", "dvc", "exp", "show", "--json", "--no-fetch", *(["--rev", rev] if rev else [])],
                          cwd=project, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"dvc exp show failed: {res.stderr.strip()}")
