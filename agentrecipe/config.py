@@ -19,12 +19,14 @@ import functools
 import re
 import types
 import typing
-from fractions import Fraction
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from agentrecipe.schedules import unreached_phases
 
 PARAMS_DIR = Path(__file__).resolve().parents[1] / "params"
 """The Hydra tree of the recipes; its default composition holds every setting's default value."""
@@ -170,6 +172,10 @@ class EnvConfig:
         _check(len(self.levels) > 0, "env.levels", "needs at least one level")
         for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test", "test_draw"):
             _check(getattr(self, key) >= 0, f"env.{key}", f"must be >= 0, got {getattr(self, key)}")
+        _check(self.n_test >= 1, "env.n_test", "must be >= 1: evaluation needs test games of every level")
+        for family_name in ("alfworld", "swe"):
+            _check(self.name == family_name or not getattr(self, family_name), f"env.{family_name}",
+                   f"options of the {family_name} family, but env.name is {self.name}: they would be ignored")
         _check(self.workers >= 1, "env.workers", "must be >= 1")
         _check(self.step_timeout > 0, "env.step_timeout", "must be > 0")
         for url in self.remote:
@@ -212,7 +218,7 @@ class EnvConfig:
 class ModelConfig:
     """The base model: `tiny` (built from these sizes), `smollm2-135m` (bundled), or `hf`."""
 
-    name: str
+    name: Literal["tiny", "smollm2-135m", "hf"]
     path: str
     """For `hf`: a Hugging Face model id or a local folder."""
     hidden_size: int
@@ -304,6 +310,8 @@ class DeepSpeedConfig:
 
     def __post_init__(self) -> None:
         _check(self.zero_stage in (0, 1, 2, 3), "deepspeed.zero_stage", "must be 0, 1, 2 or 3")
+        _check(not self.offload_optimizer or self.zero_stage >= 1, "deepspeed.offload_optimizer",
+               "needs deepspeed.zero_stage >= 1 (ZeRO's optimizer offloads; at stage 0 nothing would be)")
 
 
 # --------------------------------------------------------------------------- sft
@@ -321,6 +329,9 @@ class SFTConfig:
         _check(self.lr > 0, "sft.lr", "must be > 0")
         _check(self.epochs >= 1, "sft.epochs", "must be >= 1")
         _check(self.batch_size >= 1, "sft.batch_size", "must be >= 1")
+        _check(self.warmup_steps >= 0, "sft.warmup_steps", "must be >= 0")
+        _check(self.weight_decay >= 0, "sft.weight_decay", "must be >= 0")
+        _check(self.max_grad_norm >= 0, "sft.max_grad_norm", "must be >= 0 (0: no clipping)")
 
 
 # ---------------------------------------------------------------------- rollout
@@ -463,6 +474,10 @@ class RLConfig:
         _check(self.dynamic_sampling_max_games >= 0, "rl.dynamic_sampling_max_games", "must be >= 0")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "rl.gamma", "gamma and lam must lie in [0, 1]")
         _check(all(t >= 1 for t in self.turn_schedule), "rl.turn_schedule", "turn limits must be >= 1")
+        _check(all(len(phase) > 0 for phase in self.curriculum), "rl.curriculum",
+               "a phase needs at least one level (an empty one would sample every level)")
+        for key in ("entropy_coef", "vf_coef", "gigpo_episode_weight", "gigpo_step_weight", "max_grad_norm"):
+            _check(getattr(self, key) >= 0, f"rl.{key}", "must be >= 0" + (" (0: no clipping)" if key == "max_grad_norm" else ""))
         _check(self.turn_schedule_every >= 0, "rl.turn_schedule_every", "must be >= 0 (0: phases split the run evenly)")
         _check(self.curriculum_every >= 0, "rl.curriculum_every", "must be >= 0 (0: phases split the run evenly)")
         _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
@@ -497,6 +512,9 @@ class EvalConfig:
         _check(0 <= self.max_failed_share <= 1, "eval.max_failed_share", "must be in [0, 1]")
         _check(all(k >= 1 for k in self.pass_k), "eval.pass_k", "k must be >= 1")
         _check(self.samples >= max(self.pass_k, default=1), "eval.samples", "must be >= max(eval.pass_k)")
+        _check(self.temperature >= 0, "eval.temperature", "must be >= 0 (0: sampled episodes are not played)")
+        _check(self.max_turns >= 1, "eval.max_turns", "must be >= 1")
+        _check(self.transcripts >= 0, "eval.transcripts", "must be >= 0")
 
 
 SECTIONS: dict[str, type] = {
@@ -575,6 +593,27 @@ def check_across(cfg: dict[str, Any], present: set[str]) -> None:
     _check(not {"env", "rl"} <= present or not extra, "rl.curriculum",
            f"level(s) {', '.join(extra)} have no train games: only env.levels get train games "
            "(env.ood_levels get test games only)")
+    _check(not {"env", "rl"} <= present or env.n_valid > 0 or rl.eval_every == 0, "env.n_valid",
+           f"is 0, but rl.eval_every={rl.eval_every} validates on the valid games"
+           f"{' (and rl.keep_best exports the best validated model)' if rl.keep_best else ''}: "
+           "raise env.n_valid or set rl.eval_every=0")
+    _check(not {"env", "eval"} <= present or cfg["eval"].episodes <= env.n_test, "eval.episodes",
+           f"{cfg['eval'].episodes} test games per level, but env.n_test builds {env.n_test}: raise env.n_test")
+    if "budget" in present:
+        _check(budget.sft_fraction == 0 or budget.n_demos > 0, "budget.sft_fraction",
+               f"{budget.sft_fraction:g} of budget.total_units {budget.total_units} buys no demonstration "
+               f"(one costs budget.demo_cost={budget.demo_cost}): this point would be pure RL; raise it or set 0")
+    if {"budget", "rl"} <= present:
+        steps = budget.rl_steps(rl.episodes_per_step)
+        _check(budget.sft_fraction == 1 or steps > 0, "budget.sft_fraction",
+               f"leaves {budget.rl_episodes} RL episodes, less than one step of {rl.episodes_per_step} "
+               "(rl.games_per_step x rl.group_size): this point would have no RL; lower it or set 1")
+        # the last phase of each schedule is reached (with one rank: more ranks only mean fewer steps,
+        # which the RL stage checks again)
+        for error in (unreached_phases("rl.turn_schedule_every", len(rl.turn_schedule), rl.turn_schedule_every, steps),
+                      unreached_phases("rl.curriculum_every", len(rl.curriculum), rl.curriculum_every, steps)):
+            if error and steps > 0:
+                raise ConfigError(error)
 
 
 def load_config(path: str | Path = "params.yaml", sections: list[str] | None = None) -> dict[str, Any]:

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 
 from agentrecipe import dist
+from agentrecipe.envs.feasibility import check_feasible, reward_density_warning
 from agentrecipe.envs.manifest import read_manifest
+from agentrecipe.envs.registry import get_family
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
 from agentrecipe.train.checkpoint import (BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf,
@@ -114,6 +116,13 @@ def main() -> None:
     missing = sorted(set(levels) - {g.level for g in train_games})
     if missing:
         sys.exit(f"error: rl.curriculum / env.levels: no train games for {missing} in {args.envs}")
+    # Before any step: dense reward where it equals sparse is said; a turn limit below every expert
+    # plan of a level trains on games no policy can win (before, such a run took every step without
+    # one optimizer step and exited 0).
+    if is_rank0() and (note := reward_density_warning(levels, get_family(env.name), cfg["reward"].mode)):
+        print(note)
+    check_feasible(train_games, rl.turn_schedule or [cfg["rollout"].max_turns],
+                   "rl.turn_schedule" if rl.turn_schedule else "rollout.max_turns")
 
     # Resume: the newest intact checkpoint of this fingerprint, and its DVCLive history.
     rank0 = is_rank0()

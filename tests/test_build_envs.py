@@ -66,7 +66,7 @@ def test_games_two_splits_draw_from_one_pool_are_refused_or_warned():
         warnings.simplefilter("error")
         check_pools(cfg, own, {})
     # two in-domain levels: their train games (seeds 0-1) overlap in game1, which is trained on twice as often
-    two = dataclasses.replace(cfg, levels=["w1-o2-q1", "w2-o3-q2"], ood_levels=[], n_valid=0, n_test=0)
+    two = dataclasses.replace(cfg, levels=["w1-o2-q1", "w2-o3-q2"], ood_levels=[], n_valid=0)
     with pytest.warns(UserWarning, match="1 of the w1-o2-q1 train games are also w2-o3-q2 train games: they are "
                                          "trained on more often"):
         check_pools(two, own, {})

@@ -214,3 +214,10 @@ def test_a_manifest_level_without_test_games_is_not_evaluated_on_its_train_games
     # a manifest without a test split (an ad hoc list of games): every row, of the levels asked for
     write_manifest([g for g in rows if g.split != "test"], tmp_path / "manifest.jsonl")
     assert [(g.level, g.split) for g in games_from_folder(tmp_path, ["b"])] == [("b", "train"), ("b", "valid")]
+
+
+def test_select_games_names_the_levels_it_has():
+    from agentrecipe.envs.base import GameSpec
+
+    with pytest.raises(ValueError, match=r"no games for level\(s\) b; have a$"):  # before: 'have a, b'
+        select_games([GameSpec("g.z8", "a", split="test")], ["a", "b"], 1)

@@ -81,13 +81,21 @@ def test_unknown_preset_lists_the_known_ones():
         load_preset(ROOT, "nope")
 
 
+# The micro sizes of a preset: micro's 40 budget units buy no demonstration at 0.2 (one costs 10), and
+# 4 train games hold no more than 4; 5 games at a cost of 8 buy 1, 3 and 5 at 0.2, 0.6 and 1.
+MICRO = {"budget_split": ["experiment=micro", "env.n_train=5", "budget.demo_cost=8"]}
+
+
 @pytest.mark.parametrize("preset", PRESETS)
-def test_presets_compose_into_valid_params(preset):
-    """Every point of every preset is a valid Hydra override set for the real params/ tree."""
+@pytest.mark.parametrize("scale", ["preset", "micro"])
+def test_presets_compose_into_valid_params(preset, scale):
+    """Every point of every preset, at its own scale and at micro, is a valid Hydra override set for
+    the real params/ tree."""
     from agentrecipe.config import parse_config
     from agentrecipe.params import compose
 
-    points = expand([[*s, "experiment=micro"] for s in load_preset(ROOT, preset)["sweeps"]])
+    extra = [] if scale == "preset" else MICRO.get(preset, ["experiment=micro"])
+    points = expand([[*s, *extra] for s in load_preset(ROOT, preset)["sweeps"]])
     assert len(points) >= 2 and len(set(point_names(points))) == len(points)
     for overrides in points:
         parse_config(compose(ROOT / "params", overrides), None, " ".join(overrides))

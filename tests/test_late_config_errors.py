@@ -20,6 +20,26 @@ ROOT = Path(__file__).resolve().parents[1]
         (["experiment=micro", "rl.curriculum=[[w1-o2-q1],[w2-o3-q2]]"], "rl.curriculum", "w2-o3-q2 have no train games"),
         # the HF backend ran past the tiny model's positions silently; vLLM refused the first long prompt mid-run
         (["agent.max_context=4096"], "agent.max_context", "exceeds the tiny model's model.max_position 2048"),
+        # accepted before, each a silently wrong or a late-failing run (a review's list)
+        (["budget.sft_fraction=0.01"], "budget.sft_fraction", "buys no demonstration"),  # a '1% SFT' point ran pure RL
+        (["experiment=micro", "budget.total_units=43", "budget.sft_fraction=0.95"], "budget.sft_fraction",
+         "less than one step"),  # 4 demonstrations, 3 RL episodes: no RL step at all
+        (["env.n_test=0"], "env.n_test", "must be >= 1"),  # build, SFT and RL ran; evaluate crashed
+        (["env.n_valid=0", "rl.keep_best=true"], "env.n_valid", "rl.keep_best"),  # no validation, last model exported
+        (["eval.episodes=50"], "eval.episodes", "env.n_test builds 20"),  # 20 games played, not 50
+        (["eval.temperature=-1"], "eval.temperature", "must be >= 0"),  # pass@k silently equal to greedy success
+        (["rl.curriculum=[[]]"], "rl.curriculum", "at least one level"),  # an empty phase sampled every level
+        (["experiment=micro", "rl.turn_schedule=[4,6,8]", "rl.turn_schedule_every=10"], "rl.turn_schedule_every",
+         "last of the 3 phases starts at step 20"),  # caught only once the RL stage started
+        (["model.name=foo"], "model.name", "must be one of"),  # a traceback in prepare_model, after the env build
+        (["deepspeed.offload_optimizer=true"], "deepspeed.offload_optimizer", "zero_stage >= 1"),  # nothing offloaded
+        (["rl.max_grad_norm=-1"], "rl.max_grad_norm", "must be >= 0"),  # clipping silently off
+        (["rl.entropy_coef=-0.01"], "rl.entropy_coef", "must be >= 0"),
+        (["+env.alfworld.expert=planner"], "env.alfworld", "env.name is textworld"),  # ignored
+        (["env=alfworld", "env.alfworld.expert=plannr"], "env.alfworld.expert", "not one of"),  # build traceback
+        (["env=alfworld", "env.alfworld.floorplans.train=sen"], "env.alfworld.floorplans.train", "use seen, unseen"),
+        (["env=alfworld", "env.alfworld.max_tries=0"], "env.alfworld.max_tries", "positive integer"),
+        (["env=swe", "env.swe.timeout=true"], "env.swe.timeout", "seconds > 0"),  # a bool passed as 1 s
     ],
 )
 def test_late_errors_are_config_errors(overrides, key, words):
@@ -57,3 +77,30 @@ def test_vllm_refuses_a_context_beyond_the_models_positions_before_its_engine_st
     tokenizer = SimpleNamespace(eos_token_id=1, pad_token_id=0)
     with pytest.raises(ValueError, match="agent.max_context 1024 exceeds the model's max_position_embeddings 512"):
         make_backend("vllm", model, tokenizer, max_context=1024)
+
+
+def test_the_rl_stage_refuses_a_turn_limit_below_every_expert_plan(tmp_path, monkeypatch, capsys):
+    """Before any step (and before the model loads). Before, rollout.max_turns=2 on games whose plans
+    take 3-4 steps ran every RL step without one optimizer step (nothing was ever won) and exited 0."""
+    import sys
+
+    import yaml
+
+    from agentrecipe.envs.base import GameSpec
+    from agentrecipe.envs.manifest import write_manifest
+    from stages import rl
+
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    write_manifest([GameSpec(str(envs / f"g{i}.z8"), "w1-o2-q1", split="train", seed=i, expert_plan=("a",) * (3 + i % 2))
+                    for i in range(4)], envs / "manifest.jsonl")
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(compose(ROOT / "params", ["experiment=micro", "rollout.max_turns=2", "reward=dense"])))
+    monkeypatch.setattr(sys, "argv", ["rl", "--params", str(params), "--envs", str(envs), "--model", str(tmp_path / "sft"),
+                                      "--out", str(tmp_path / "rl"), "--checkpoints", str(tmp_path / "ckpt"),
+                                      "--metrics", str(tmp_path / "metrics")])
+    with pytest.raises(SystemExit, match=r"rollout.max_turns=2 is below the expert's plan length on every game of "
+                                         r"w1-o2-q1 \(plans 3-4 steps\).*at least 3"):
+        rl.main()
+    # and dense reward where it equals sparse is said (the custom games score only at the win)
+    assert "dense reward equals sparse" in capsys.readouterr().out

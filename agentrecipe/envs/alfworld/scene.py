@@ -95,26 +95,33 @@ def available_floorplans() -> list[int]:
     return sorted(nums)
 
 
+FLOORPLAN_SETS = ("seen", "unseen", "all")
+
+
+def parse_floorplans(spec) -> set[int] | None:
+    """The floor plan numbers a `spec` lists (a list of numbers, or a string of numbers and ranges
+    such as "1-30,201-230"); None for a named set (FLOORPLAN_SETS); ValueError for anything else."""
+    if isinstance(spec, str) and spec in FLOORPLAN_SETS:
+        return None
+    if isinstance(spec, (list, tuple)) and all(isinstance(n, int) and not isinstance(n, bool) for n in spec):
+        return set(spec)
+    if isinstance(spec, str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", spec.replace(" ", "")):
+        nums: set[int] = set()
+        for part in spec.replace(" ", "").split(","):
+            a, _, b = part.partition("-")
+            nums |= set(range(int(a), int(b or a) + 1))
+        return nums
+    raise ValueError(f"floor plans {spec!r}: use seen, unseen, all, a list of numbers or a string like '1-30,201-230'")
+
+
 def select_floorplans(spec) -> list[int]:
     """Floor plans named by `spec`: "seen" (ALFRED train rooms), "unseen" (ALFRED test
     rooms), "all", a list of numbers, or a string of numbers and ranges ("1-30,201-230")."""
     C = _constants()
     avail = set(available_floorplans())
-    if spec == "seen":
-        nums = set(C.TRAIN_SCENE_NUMBERS)
-    elif spec == "unseen":
-        nums = set(C.TEST_SCENE_NUMBERS)
-    elif spec == "all":
-        nums = avail
-    elif isinstance(spec, (list, tuple)):
-        nums = {int(n) for n in spec}
-    elif isinstance(spec, str) and re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", spec.replace(" ", "")):
-        nums = set()
-        for part in spec.replace(" ", "").split(","):
-            a, _, b = part.partition("-")
-            nums |= set(range(int(a), int(b or a) + 1))
-    else:
-        raise ValueError(f"floor plans {spec!r}: use seen, unseen, all, a list of numbers or a string like '1-30,201-230'")
+    nums = parse_floorplans(spec)
+    if nums is None:
+        nums = {"seen": set(C.TRAIN_SCENE_NUMBERS), "unseen": set(C.TEST_SCENE_NUMBERS), "all": avail}[spec]
     missing = sorted(nums - avail)
     if missing:
         raise ValueError(f"floor plans {missing} are not shipped with alfworld (have {len(avail)} layouts)")

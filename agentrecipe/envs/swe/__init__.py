@@ -52,10 +52,10 @@ def options_of(options: Any) -> dict[str, Any]:
     for spec in opts["packages"]:
         parse_spec(spec)
     for key in ("p2p", "max_tries", "window", "max_obs_chars", "candidate_edits", "nproc", "max_output", "memory_mb"):
-        if not isinstance(opts[key], int) or opts[key] < (0 if key in ("p2p", "candidate_edits") else 1):
+        if not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < (0 if key in ("p2p", "candidate_edits") else 1):
             raise ValueError(f"env.swe.{key}: expected a positive integer, got {opts[key]!r}")
     for key in ("timeout", "build_timeout"):
-        if not isinstance(opts[key], (int, float)) or opts[key] <= 0:
+        if not isinstance(opts[key], (int, float)) or isinstance(opts[key], bool) or opts[key] <= 0:
             raise ValueError(f"env.swe.{key}: expected seconds > 0, got {opts[key]!r}")
     return opts
 
