@@ -210,7 +210,9 @@ class EnvConfig:
         # Seed ranges of the splits must never overlap.
         ranges = sorted((r.start, r.stop, split) for split, r in self.split_seeds().items())
         for (a0, a1, sa), (b0, _, sb) in zip(ranges, ranges[1:]):
-            _check(a1 <= b0, f"env.seed_{sb}", f"seed range of {sa} [{a0}, {a1}) overlaps {sb} starting at {b0}")
+            _check(a1 <= b0, f"env.seed_{sb}", f"seed range of {sa} [{a0}, {a1}) overlaps {sb} starting at {b0}" + (
+                f" (test seeds start at env.seed_test + env.test_draw x env.n_test = {self.seed_test} + "
+                f"{self.test_draw} x {self.n_test}; env.test_draw follows the run's `seed`)" if "test" in (sa, sb) else ""))
 
 
 # ------------------------------------------------------------------------- model
