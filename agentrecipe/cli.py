@@ -9,10 +9,17 @@ from pathlib import Path
 
 
 def _compose_params(args: argparse.Namespace) -> int:
-    from agentrecipe.config import parse_config
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from agentrecipe.config import ConfigError, parse_config
     from agentrecipe.params import compose, compose_yaml
 
-    parse_config(compose(args.config_dir, args.overrides), None, f"{args.config_dir} {' '.join(args.overrides)}")
+    try:  # one line naming the bad key or group, not a traceback that ends with it
+        parse_config(compose(args.config_dir, args.overrides), None, f"{args.config_dir} {' '.join(args.overrides)}")
+    except (ConfigError, HydraException, OmegaConfBaseException) as e:
+        print(f"error: {str(e).strip()}", file=sys.stderr)
+        return 2
     Path(args.output).write_text(compose_yaml(args.config_dir, args.overrides))
     print(f"wrote {args.output}")
     return 0

@@ -66,11 +66,12 @@ def best_to_export(keep_best: bool, checkpoint_dir: Path) -> dict | None:
     return read_best(checkpoint_dir) if keep_best else None
 
 
-def export_best(best: dict, checkpoint_dir: Path, out: str) -> None:
+def export_best(best: dict, checkpoint_dir: Path, out: str, last_step: int) -> None:
     """The best validated model (with its best.json) becomes the stage's model."""
     copy_model(checkpoint_dir / BEST_DIR, out)
+    which = "the last step's too" if best["step"] == last_step else "not the last step's"
     print(f"rl: keep_best: exported the model of step {best['step']} (valid success {best['valid/success']:.2f}, "
-          f"score {best['valid/score']:.2f}), not the last step's")
+          f"score {best['valid/score']:.2f}), {which}")
 
 
 def main() -> None:
@@ -143,7 +144,7 @@ def main() -> None:
         if rank0 and rl.keep_best:
             settle_best(run.checkpoint_dir, first)  # killed before the last checkpoint promoted it
         if rank0 and (best := best_to_export(rl.keep_best, run.checkpoint_dir)):
-            export_best(best, run.checkpoint_dir, args.out)
+            export_best(best, run.checkpoint_dir, args.out, n_steps)
         elif rank0:
             copy_model(ckpt / "model", args.out)
         print(f"rl: this config (fingerprint {fingerprint}: the same params, code and inputs) already trained all "
@@ -171,7 +172,7 @@ def main() -> None:
                                            valid_games=valid_games)
         if best := best_to_export(rl.keep_best, run.checkpoint_dir):
             if rank0:
-                export_best(best, run.checkpoint_dir, args.out)
+                export_best(best, run.checkpoint_dir, args.out, n_steps)
         else:
             save_hf(actor, tokenizer, Path(args.out))  # every rank: ZeRO-3 gathers the weights
         print(f"rl: {rl.algo}, steps {first + 1}..{n_steps} of {n_steps} "

@@ -114,6 +114,19 @@ def test_sweep_presets_are_not_a_config_group_of_the_recipe(tmp_path):
     assert "sweep" not in composed and "sweeps" not in composed
 
 
+def test_compose_params_answers_a_bad_override_in_one_line(tmp_path, capsys):
+    """Before, a traceback of 12 to 61 lines ended with the message."""
+    from agentrecipe.cli import main
+
+    out = tmp_path / "params.yaml"
+    for override, words in (("rl.gamma=0.9", "rl.gamma: grpo compares episode returns"), ("rl=foo", "Could not find 'rl/foo'"),
+                            ("rl.learning_rate=1", "Could not override 'rl.learning_rate'")):
+        assert main(["compose-params", "--output", str(out), override]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and words in err and "Traceback" not in err
+    assert not out.exists()
+
+
 def test_report_images_are_embedded_for_the_ui(tmp_path):
     png = b"\x89PNG\r\n\x1a\nfake"
     (tmp_path / "curves.png").write_bytes(png)
@@ -575,3 +588,11 @@ def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):
     (folder / "dvc-exp-worker-2.pid").write_text(str(os.getpid()))
     (folder / "dvc-exp-worker-3.pid").write_text("")  # half-written
     assert live_queue_workers(str(tmp_path)) == [os.getpid()]
+
+
+def test_flows_keep_prefect_state_in_the_project_from_a_plain_shell(tmp_path):
+    """`python -m flows.pipeline` outside make: before, Prefect wrote ~/.prefect/prefect.db."""
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)}
+    code = "import flows; from prefect.settings import get_current_settings as s; print(s().home)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(ROOT / ".prefect")
