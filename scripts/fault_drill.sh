@@ -42,7 +42,9 @@ log "scratch project: $WORK"
 CKPTS=data/rl/checkpoints
 model_hash() { sha256sum data/models/rl/model.safetensors 2>/dev/null | cut -c1-16; }
 steps() { tail -n +2 data/metrics/rl/plots/metrics/rollout/success.tsv 2>/dev/null | cut -f1 | paste -sd, -; }
-fp_dir() { ls -d "$CKPTS"/*/ 2>/dev/null | while read -r d; do [ -n "$(ls "$d" | grep -E '^step_[0-9]+$')" ] && echo "${d%/}"; done | head -1; }
+# the current config's checkpoint folder (once a code change made a second one, the first listed was
+# not always it: row 6 corrupted the other config's checkpoint)
+fp_dir() { echo "$CKPTS/$(python -c 'from stages.rl import rl_fingerprint; print(rl_fingerprint())')"; }
 
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 start_bg() {  # start a command in its own process group; sets PGID, output to $1

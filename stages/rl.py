@@ -35,6 +35,12 @@ HISTORY = "dvclive"
 """The DVCLive state of a config, beside its checkpoints."""
 
 
+def rl_fingerprint(params: str = "params.yaml", envs: str = "data/envs", model: str = "data/models/sft") -> str:
+    """The fingerprint of this config's checkpoint folder (scripts/fault_drill.sh reads it too). The
+    ranks count: they set the steps the budget buys, and ZeRO's state is split among them."""
+    return stage_fingerprint("rl", params, [Path(envs), Path(model)], {"world_size": dist.world_size()})
+
+
 def other_configs(checkpoints: Path, fingerprint: str) -> list[str]:
     """Checkpoint folders of other fingerprints (left alone), e.g. ['0123abcd (step_000010)']."""
     out = []
@@ -93,9 +99,7 @@ def main() -> None:
               f"{rl.episodes_per_step} episodes x {dist.world_size()} rank(s) = {played} episodes; "
               f"{cfg['budget'].rl_episodes - played} left unspent")
     checkpoints, metrics = Path(args.checkpoints), Path(args.metrics)
-    # the ranks count: they set the steps the budget buys, and ZeRO's state is split among them
-    fingerprint = stage_fingerprint("rl", args.params, [Path(args.envs), Path(args.model)],
-                                    {"world_size": dist.world_size()})
+    fingerprint = rl_fingerprint(args.params, args.envs, args.model)
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=checkpoints / fingerprint, fingerprint=fingerprint)
     checkpoints.mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
