@@ -179,7 +179,7 @@ def test_the_build_stage_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
     params = compose(root / "params", ["env=textworld_dense", "env.levels=[cooking-r1-t1-g1]",
                                        "env.ood_levels=[simple-dense-detailed]", "env.n_train=1", "env.n_valid=1",
                                        "env.n_test=1", "env.workers=1",
-                                       "budget.sft_fraction=0"])
+                                       "eval.episodes=1", "budget.sft_fraction=0"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     built = {}
     for hash_seed in ("1", "2"):
