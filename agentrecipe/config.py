@@ -595,7 +595,8 @@ def check_across(cfg: dict[str, Any], present: set[str]) -> None:
     _check(not {"env", "rl"} <= present or not extra, "rl.curriculum",
            f"level(s) {', '.join(extra)} have no train games: only env.levels get train games "
            "(env.ood_levels get test games only)")
-    _check(not {"env", "rl"} <= present or env.n_valid > 0 or rl.eval_every == 0, "env.n_valid",
+    _check(not {"env", "rl", "budget"} <= present or env.n_valid > 0 or rl.eval_every == 0
+           or budget.rl_steps(rl.episodes_per_step) == 0, "env.n_valid",
            f"is 0, but rl.eval_every={rl.eval_every} validates on the valid games"
            f"{' (and rl.keep_best exports the best validated model)' if rl.keep_best else ''}: "
            "raise env.n_valid or set rl.eval_every=0")

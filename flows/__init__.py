@@ -5,7 +5,7 @@
 
 import os
 
-from flows.serve import prefect_env
+from flows.settings import prefect_env
 
 # The flows run from the shell too (`python -m flows.pipeline`, `python -m flows.sweep`), not only
 # under make: Prefect's state stays in the project (.prefect/) and telemetry stays off, as the Makefile

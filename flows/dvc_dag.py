@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.serve import NO_TELEMETRY
+from flows.settings import NO_TELEMETRY
 
 
 @dataclass

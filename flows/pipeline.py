@@ -69,22 +69,30 @@ def metrics_rows(metrics: Any) -> list[dict[str, Any]]:
     return [{"metric": k, "value": v} for k, v in flatten(metrics).items()]
 
 
-def publish_results(project: Path, metrics_file: str, report_file: str, dag: Dag, stages: list[str]) -> None:
+def publish_results(project: Path, metrics_file: str, report_file: str, dag: Dag | None = None,
+                    stages: list[str] | None = None) -> None:
     """Evaluation metrics as a table artifact and the report as a markdown artifact, when they exist
-    and the stage that writes each was among this run's `stages` (ran, or found up to date). Before,
-    a run of `--targets rl` published the last evaluation's metrics as if they were this run's."""
+    and (given the `dag`) the stage that writes each was among this run's `stages` (ran, or found up
+    to date). Before, a run of `--targets rl` published the last evaluation's metrics as if they were
+    this run's."""
     logger = get_run_logger()
     metrics_path, report_path = project / metrics_file, project / report_file
-    for path in (metrics_file, report_file):
-        if (writer := dag.writer(path)) not in stages:
-            logger.info("%s not published: %s", path, f"its stage {writer} was not run" if writer else "no stage writes it")
-    if metrics_path.exists() and dag.writer(metrics_file) in stages:
+
+    def this_runs(path: str) -> bool:
+        if dag is None:
+            return True
+        if (writer := dag.writer(path)) in (stages or []):
+            return True
+        logger.info("%s not published: %s", path, f"its stage {writer} was not run" if writer else "no stage writes it")
+        return False
+
+    if metrics_path.exists() and this_runs(metrics_file):
         try:
             rows = metrics_rows(json.loads(metrics_path.read_text()))
             create_table_artifact(rows, key="evaluation-metrics", description=f"`{metrics_file}` after this run")
         except (ValueError, TypeError) as e:
             logger.warning("could not publish %s: %s", metrics_file, e)
-    if report_path.exists() and dag.writer(report_file) in stages:
+    if report_path.exists() and this_runs(report_file):
         text = embed_images(report_path.read_text(), report_path.parent)
         create_markdown_artifact(text, key="report", description=f"`{report_file}` after this run")
 

@@ -33,6 +33,7 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -258,12 +259,12 @@ STALE = "stale"
 the point's overrides compose to now, e.g. the others of a `--point` rerun given other `--override`s."""
 
 
-def params_differ(project: str, overrides: list[str], params: dict[str, Any], shown: int = 3) -> str:
-    """'' when `params` (an experiment's, flat) are what `overrides` compose to from the project's
-    params/ now; else the first keys that differ ('env.n_test 2, not 30; ...')."""
+def params_differ(params_dir: Path, overrides: list[str], params: dict[str, Any], shown: int = 3) -> str:
+    """'' when `params` (an experiment's, flat) are what `overrides` compose to from `params_dir`;
+    else the first keys that differ ('env.n_test 2, not 30; ...')."""
     from agentrecipe.params import compose
 
-    want = compare.flatten(compose(Path(project) / "params", overrides))
+    want = compare.flatten(compose(params_dir, overrides))
     keys = [k for k in dict.fromkeys([*want, *params]) if want.get(k) != params.get(k)]
     return "; ".join(f"{k} {params.get(k)!r}, not {want.get(k)!r}" for k in keys[:shown]) + (
         f"; {len(keys) - shown} more" if len(keys) > shown else "")
@@ -279,23 +280,9 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     (default HEAD)."""
     by_name = {r["name"]: r for r in compare.experiments(compare.exp_show(project, baseline))}
     swept = result_keys(list(points.values()))
-    rows = []
-    for name, overrides in points.items():
-        rec = by_name.get(name, {"state": "missing", "metrics": {}, "log": None})
-        given = dict(o.partition("=")[::2] for o in overrides)
-        state = rec["state"]
-        error = (compare.error_tail(rec["log"]) or NO_LOG) if state == "failed" else ""
-        if state == "success" and (differ := params_differ(project, overrides, rec["params"])):
-            state, error = STALE, f"ran with other params than this point's ({differ}); rerun it: --point {name}"
-            rec = {**rec, "metrics": {}}
-        elif state == "success" and name in (without_metrics or {}):
-            error, rec = without_metrics[name], {**rec, "metrics": {}}
-        rows.append({"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
-                     "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
-                     "rl ood": compare.success(rec["metrics"], "rl", "ood"),
-                     "sft in-domain": compare.success(rec["metrics"], "sft", "in_domain"),
-                     "sft ood": compare.success(rec["metrics"], "sft", "ood"),
-                     "error": error, **rec["metrics"]})
+    with params_at(project, baseline) as params_dir:  # what the points composed to when they were queued
+        rows = [_result_row(name, overrides, by_name.get(name), swept, params_dir, (without_metrics or {}).get(name))
+                for name, overrides in points.items()]
     folder = Path(project) / out
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "results.csv").open("w", newline="") as f:
@@ -314,6 +301,40 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     if seeds.SEED_KEY in swept:
         write_seed_summary(rows, swept, title, folder)
     return rows
+
+
+def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swept: list[str], params_dir: Path,
+                no_metrics: str | None) -> dict[str, Any]:
+    """A point's row: state, swept values, success cells, error and flat metrics (none unless its
+    experiment succeeded with the params its overrides compose to and wrote metrics of its own)."""
+    rec = rec or {"state": "missing", "metrics": {}, "log": None}
+    given = dict(o.partition("=")[::2] for o in overrides)
+    state = rec["state"]
+    error = (compare.error_tail(rec["log"]) or NO_LOG) if state == "failed" else ""
+    if state == "success" and (differ := params_differ(params_dir, overrides, rec["params"])):
+        state, error = STALE, f"ran with other params than this point's ({differ}); rerun it: --point {name}"
+        rec = {**rec, "metrics": {}}
+    elif state == "success" and no_metrics:
+        error, rec = no_metrics, {**rec, "metrics": {}}
+    return {"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
+            "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
+            "rl ood": compare.success(rec["metrics"], "rl", "ood"),
+            "sft in-domain": compare.success(rec["metrics"], "sft", "in_domain"),
+            "sft ood": compare.success(rec["metrics"], "sft", "ood"),
+            "error": error, **rec["metrics"]}
+
+
+@contextlib.contextmanager
+def params_at(project: str, rev: str | None):
+    """The params/ folder of commit `rev` (a temporary copy, unless it is HEAD or None): a sweep's
+    points are checked against what they composed to when queued, wherever HEAD is since."""
+    if rev is None or rev == head_commit(project):
+        yield Path(project) / "params"
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", rev, "params"], cwd=project, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp) / "params"
 
 
 def write_seed_summary(rows: list[dict[str, Any]], swept: list[str], title: str, folder: Path) -> None:

@@ -250,3 +250,6 @@ def test_the_best_model_is_the_best_as_of_the_checkpoint_a_run_resumes_from(tmp_
     (tmp_path / ck.BEST_DIR).rename(tmp_path / (ck.BEST_DIR + ".old"))
     ck.settle_best(tmp_path, upto=5)
     assert ck.read_best(tmp_path)["step"] == 4
+    # a resume from an older checkpoint (the newest was corrupt) replays step 4: its best is dropped
+    ck.settle_best(tmp_path, upto=3)
+    assert ck.read_best(tmp_path) is None

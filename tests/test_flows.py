@@ -183,7 +183,7 @@ def test_deployments_of_prefect_yaml_load():
 @pytest.fixture(scope="session")
 def prefect_harness(tmp_path_factory):
     """A temporary Prefect server and database for the whole session (about 15 s to start)."""
-    from flows.serve import PREFECT_ENV
+    from flows.settings import PREFECT_ENV
 
     env = {"PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")), **PREFECT_ENV}
     with pytest.MonkeyPatch.context() as mp:
@@ -440,10 +440,12 @@ def test_sweep_runs_on_dvcs_queue_and_a_failed_point_fails_the_run(prefect_harne
     from flows.sweep import head_commit
 
     queued_on = head_commit(str(project))
-    (project / "notes.txt").write_text("a commit made while the sweep ran\n")
-    git(project, "add", "notes.txt")
-    git(project, "commit", "-qm", "notes")
+    small = project / "params/train/small.yaml"  # a commit made while the sweep ran, with other params
+    small.write_text(small.read_text().replace("steps: 2", "steps: 3"))
+    git(project, "commit", "-qam", "more steps")
     assert [r["state"] for r in collect()] == ["missing", "missing"]  # HEAD's experiments: none of these
+    # checked against the params of the commit they were queued on, not HEAD's (steps 3 would make
+    # seed-1 stale and seed-0 current)
     assert [r["state"] for r in collect(queued_on)] == ["stale", "success"]
 
 

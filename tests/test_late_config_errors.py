@@ -49,6 +49,11 @@ def test_late_errors_are_config_errors(overrides, key, words):
     assert words in str(e.value)
 
 
+def test_pure_sft_needs_no_valid_games():
+    parse_config(compose(ROOT / "params", ["budget.sft_fraction=1", "env.n_valid=0"]), None)  # no RL step validates
+    parse_config(compose(ROOT / "params", ["rl.eval_every=0", "env.n_valid=0"]), None)
+
+
 def test_a_pretrained_model_is_not_held_to_the_tiny_models_positions():
     parse_config(compose(ROOT / "params", ["model=smollm2-135m", "agent.max_context=4096"]), None)
 

@@ -318,12 +318,14 @@ def promote_best(root: str | Path) -> None:
 def settle_best(root: str | Path, upto: int) -> None:
     """The best as of step `upto`, the checkpoint a run resumes from (rank 0; the others read after
     a barrier): a best put aside by a kill mid-replacement is put back; a pending best of a step up
-    to `upto` (killed before promoting it) becomes the best; one of a later step is dropped, since
-    the resumed run replays those steps and validates them anew."""
+    to `upto` (killed before promoting it) becomes the best; a best or pending best of a later step
+    is dropped, since the resumed run replays those steps and validates them anew."""
     root = Path(root)
     aside = root / (BEST_DIR + ".old")
     if not (root / BEST_DIR).exists() and aside.is_dir():
         aside.rename(root / BEST_DIR)
+    if (kept := read_best(root)) is not None and kept["step"] > upto:  # resumed from an older checkpoint
+        shutil.rmtree(root / BEST_DIR)  # (the newest was corrupt): its steps are replayed and validated anew
     pending = read_best(root, PENDING_BEST_DIR)
     if pending is not None and pending["step"] <= upto:
         promote_best(root)
