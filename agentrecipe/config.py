@@ -28,6 +28,9 @@ import yaml
 
 from agentrecipe.schedules import unreached_phases
 
+FAMILY_OPTION_BLOCKS = ("alfworld", "swe")
+"""Environment families with an options block of their own under env (env.alfworld, env.swe)."""
+
 PARAMS_DIR = Path(__file__).resolve().parents[1] / "params"
 """The Hydra tree of the recipes; its default composition holds every setting's default value."""
 
@@ -163,17 +166,15 @@ class EnvConfig:
 
     @property
     def family_options(self) -> dict[str, Any]:
-        """Options handed to the environment family (build_games / make_env)."""
-        if self.name == "swe":
-            return dict(self.swe)
-        return dict(self.alfworld) if self.name == "alfworld" else {}
+        """Options handed to the environment family (build_games / make_env): its own block, if it has one."""
+        return dict(getattr(self, self.name)) if self.name in FAMILY_OPTION_BLOCKS else {}
 
     def __post_init__(self) -> None:
         _check(len(self.levels) > 0, "env.levels", "needs at least one level")
         for key in ("n_train", "n_valid", "n_test", "seed_train", "seed_valid", "seed_test", "test_draw"):
             _check(getattr(self, key) >= 0, f"env.{key}", f"must be >= 0, got {getattr(self, key)}")
         _check(self.n_test >= 1, "env.n_test", "must be >= 1: evaluation needs test games of every level")
-        for family_name in ("alfworld", "swe"):
+        for family_name in FAMILY_OPTION_BLOCKS:
             _check(self.name == family_name or not getattr(self, family_name), f"env.{family_name}",
                    f"options of the {family_name} family, but env.name is {self.name}: they would be ignored")
         _check(self.workers >= 1, "env.workers", "must be >= 1")

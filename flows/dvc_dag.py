@@ -27,15 +27,20 @@ class Dag:
     """Stage addresses as `dvc repro` takes them: `name`, or `sub/dvc.yaml:name` outside the root."""
     upstream: dict[str, list[str]] = field(default_factory=dict)
     """Stages each stage depends on directly."""
-    metric_stages: list[str] = field(default_factory=list)
-    """Stages that write a metrics file (dvc.yaml's `metrics:`, or an out marked as one)."""
     outs: dict[str, list[str]] = field(default_factory=dict)
     """What each stage writes: its outs, as paths relative to the project."""
+    metrics: list[str] = field(default_factory=list)
+    """Metrics files (dvc.yaml's `metrics:`, and outs marked as metrics), relative to the project."""
 
     def writer(self, path: str) -> str | None:
         """The stage whose out is `path` or a folder holding it (None: no stage writes it)."""
         parts = Path(path).parts
         return next((s for s, outs in self.outs.items() for o in outs if parts[:len(Path(o).parts)] == Path(o).parts), None)
+
+    @property
+    def metric_stages(self) -> list[str]:
+        """Stages that write a metrics file."""
+        return list(dict.fromkeys(w for m in self.metrics if (w := self.writer(m)) is not None))
 
     def select(self, targets: list[str] | None) -> list[str]:
         """`targets` and everything upstream of them, in run order (all stages for None or [])."""
@@ -81,12 +86,12 @@ def read_dag(project_dir: str | Path = ".") -> Dag:
         upstream = {
             address(s): [address(d) for d in graph.successors(s) if isinstance(d, PipelineStage)] for s in stages
         }
-        metric_files = {os.path.normpath(os.path.join(os.path.dirname(s.dvcfile.path), m))
-                        for s in stages for m in getattr(s.dvcfile, "metrics", None) or []}
-        metric_stages = [address(s) for s in stages
-                         if any(o.metric or os.path.normpath(o.fs_path) in metric_files for o in s.outs)]
         outs = {address(s): [os.path.relpath(o.fs_path, repo.root_dir) for o in s.outs] for s in stages}
-        return Dag([address(s) for s in stages], upstream, metric_stages, outs)
+        dvcfiles = {s.dvcfile.path: s.dvcfile for s in stages}
+        metrics = [os.path.relpath(os.path.join(os.path.dirname(path), m), repo.root_dir)
+                   for path, dvcfile in dvcfiles.items() for m in getattr(dvcfile, "metrics", None) or []]
+        metrics += [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if o.metric]
+        return Dag([address(s) for s in stages], upstream, outs, list(dict.fromkeys(metrics)))
 
 
 def site_cache_dir(project_dir: str | Path) -> str | None:

@@ -417,8 +417,10 @@ def sweep(
 
     # Stages that write metrics but are not among the targets' upstream: such a point's experiment
     # holds the commit's metrics files, which are not its results.
-    dag = read_dag(project)
-    unrun = [s for s in dag.metric_stages if s not in dag.select(targets)] if targets else []
+    unrun = []
+    if targets:
+        dag = read_dag(project)
+        unrun = [s for s in dag.metric_stages if s not in dag.select(targets)]
     started, revision = time.time(), git_revision(project)  # what the queued experiments start from
     baseline = head_commit(project)  # their results are read from this commit's experiments, wherever HEAD is then
     queue_points(project, named, targets)
@@ -431,10 +433,10 @@ def sweep(
     earlier = json.loads(run_json.read_text()).get(NO_METRICS, []) if only and run_json.exists() else []
     no_metrics = [n for n in every if (n in named and unrun) or (n in earlier and n not in named)]
     why = "its run stopped before the stages that write metrics (--target); rerun it without: --point {}"
-    # with --point, the others from earlier runs of this commit
     if (now := head_commit(project)) != baseline:
         logger.warning("HEAD moved from %s to %s during the sweep; its results are read from %s's experiments",
                        baseline[:12], now[:12], baseline[:12])
+    # with --point, the others from earlier runs of this commit
     rows = collect_results(project, every, out, title, {n: why.format(n) for n in no_metrics}, baseline)
     record = {"command": command_line(preset, overrides, jobs, name, targets, only, stop_after_s), "revision": revision,
               "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": round(time.time() - started),

@@ -24,8 +24,8 @@ from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.envs.registry import get_family
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
-from agentrecipe.train.checkpoint import (BEST_DIR, checkpoint_step, copy_model, latest_checkpoint, read_best, save_hf,
-                                         settle_best)
+from agentrecipe.train.checkpoint import (BEST_DIR, aside_path, checkpoint_step, copy_model, latest_checkpoint, read_best,
+                                         save_hf, settle_best, step_dirs)
 from agentrecipe.train.rl import RLRun, rl_train
 from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
                            stage_fingerprint, torch_threads)
@@ -45,8 +45,8 @@ def other_configs(checkpoints: Path, fingerprint: str) -> list[str]:
     """Checkpoint folders of other fingerprints (left alone), e.g. ['0123abcd (step_000010)']."""
     out = []
     for folder in sorted(p for p in checkpoints.iterdir() if p.is_dir() and p.name != fingerprint):
-        steps = sorted(p.name for p in folder.glob("step_*") if p.name[5:].isdigit())
-        out.append(f"{folder.name} ({steps[-1] if steps else 'no checkpoint'})")
+        steps = step_dirs(folder)
+        out.append(f"{folder.name} ({steps[-1].name if steps else 'no checkpoint'})")
     return out
 
 
@@ -136,8 +136,8 @@ def main() -> None:
     ckpt = latest_checkpoint(run.checkpoint_dir, fingerprint, print if rank0 else None)
     first = checkpoint_step(ckpt) if ckpt is not None else 0
     history = run.checkpoint_dir / HISTORY
-    if not history.exists() and history.with_name(HISTORY + ".old").exists():
-        history = history.with_name(HISTORY + ".old")  # killed while replacing it
+    if not history.exists() and aside_path(history).exists():
+        history = aside_path(history)  # killed while replacing it
     if rank0:
         shutil.rmtree(metrics, ignore_errors=True)
         if ckpt is not None and history.exists():

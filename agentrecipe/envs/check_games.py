@@ -42,10 +42,10 @@ def failed_share_error(records: list[dict], limit: float, key: str) -> str | Non
     episodes count apart: success comes from the greedy ones alone, and pooled with 4 samples per
     game half of them could fail unseen. The message counts the failures and quotes the first
     errors, so the cause is on screen."""
-    by_policy: dict[tuple[str, str], list[dict]] = {}
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        by_policy.setdefault((r.get("policy", "?"), r.get("mode", "")), []).append(r)
-    for (policy, mode), mine in by_policy.items():
+        groups.setdefault((r.get("policy", "?"), r.get("mode", "")), []).append(r)
+    for (policy, mode), mine in groups.items():
         failed = [r for r in mine if r.get("failed")]
         if len(failed) > limit * len(mine):
             examples = "; ".join(f"{r.get('game', '?')}: {r.get('error', '')}" for r in failed[:3])

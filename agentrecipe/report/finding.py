@@ -164,20 +164,20 @@ def merge_sweeps(folders: list[Path], out: Path, title: str) -> Path:
     return out
 
 
-# Options of `python -m flows.sweep` that choose which points run and how, not what a point is.
-RUN_OPTIONS = {"--point": 1, "--stop-after-s": 1, "--jobs": 1, "--timeout-s": 1, "--name": 1}
+# Options of `python -m flows.sweep` (each with one value) that choose which points run and how, not what a point is.
+RUN_OPTIONS = ("--point", "--stop-after-s", "--jobs", "--timeout-s", "--name")
 
 
 def sweep_identity(command: str) -> list[str]:
     """A sweep run's command without the options that do not change its points' params
-    (`RUN_OPTIONS`): two runs of one sweep have the same identity."""
+    (`RUN_OPTIONS`, `--option value` or `--option=value`): two runs of one sweep have the same identity."""
     words, out = shlex.split(command), []
     while words:
         word = words.pop(0)
-        option, _, value = word.partition("=")
+        option, eq, _ = word.partition("=")
         if option in RUN_OPTIONS:
-            if not value:
-                del words[:RUN_OPTIONS[option]]
+            if not eq and words:
+                words.pop(0)
             continue
         out.append(word)
     return out

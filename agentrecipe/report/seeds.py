@@ -22,7 +22,7 @@ import math
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from agentrecipe.eval.metrics import t_975, wilson_interval
+from agentrecipe.eval.metrics import mean_interval, wilson_interval
 
 SEED_KEY = "seed"
 CELLS = {"rl in-domain": "rl.in_domain", "rl ood": "rl.ood", "sft in-domain": "sft.in_domain", "sft ood": "sft.ood"}
@@ -32,13 +32,10 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     """(mean, low, high): Student's t 95% interval of the mean, clipped to [0, 1]; nan bounds for one value."""
     if not values:
         raise ValueError("no values")
-    n = len(values)
-    mean = sum(values) / n
-    if n == 1:
+    mean = sum(values) / len(values)
+    if len(values) == 1:
         return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_975(n - 1) * sd / math.sqrt(n)
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
+    return (mean, *mean_interval(values))
 
 
 def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, Any]]:

@@ -31,10 +31,15 @@ def full_state_dict(engine_or_model) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu() for k, v in module.state_dict().items()}
 
 
+def aside_path(final: Path) -> Path:
+    """Where `replace_dir` puts the old `final` while it moves the new one in (found there after a kill)."""
+    return final.with_name(final.name + ".old")
+
+
 def replace_dir(new: Path, final: Path) -> Path:
     """Move the complete folder `new` to `final`: the old `final` is renamed aside, then deleted."""
     new, final = Path(new), Path(final)
-    old = final.with_name(final.name + ".old")
+    old = aside_path(final)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)
@@ -118,7 +123,7 @@ MANIFEST = "checkpoint.json"
 CORRUPT_SUFFIX = ".corrupt"
 
 
-def _step_dirs(root: Path) -> list[Path]:
+def step_dirs(root: Path) -> list[Path]:
     """step_NNNNNN folders (no .tmp / .old / .corrupt), oldest first (by number: step_1000000 after step_999999)."""
     return sorted((p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()), key=lambda p: int(p.name[5:]))
 
@@ -158,6 +163,10 @@ def remove_checkpoint(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+NO_EPISODES = {"played": 0, "failed": 0}
+"""A run's episode counts before its first step (copy it: `dict(NO_EPISODES)`)."""
+
+
 def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str,
                        counts: dict[str, int] | None = None, keep: int = 2) -> Path:
     """Write checkpoint step_NNNNNN under root, then keep the `keep` newest of this fingerprint.
@@ -178,7 +187,7 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
     save_hf(actor, tokenizer, tmp / "model")
     if rank0:
         state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
-                 "episode_counts": dict(counts or {"played": 0, "failed": 0})}
+                 "episode_counts": dict(counts or NO_EPISODES)}
         torch.save(state, tmp / STATE_FILE)
         manifest = {"step": step, "fingerprint": fingerprint, "files": tree_files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -194,7 +203,7 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
 def prune_checkpoints(root: str | Path, fingerprint: str, keep: int) -> list[Path]:
     """Delete all but the `keep` newest complete checkpoints of `fingerprint` under root."""
     mine = []
-    for path in _step_dirs(Path(root)):
+    for path in step_dirs(Path(root)):
         try:
             if read_manifest(path)["fingerprint"] == fingerprint:
                 mine.append(path)
@@ -214,7 +223,7 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
     for inspection, never considered again) and the next older one is tried."""
     report = report or (lambda _msg: None)
     root = Path(root)
-    for path in reversed(_step_dirs(root)):
+    for path in reversed(step_dirs(root)):
         try:
             fp = read_manifest(path)["fingerprint"]
         except ValueError as e:
@@ -261,7 +270,7 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, 
                            f"delete it or move it aside to resume from an older one") from e
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["step"]), dict(state.get("episode_counts", {"played": 0, "failed": 0}))
+    return int(state["step"]), dict(state.get("episode_counts", NO_EPISODES))
 
 
 # --------------------------------------------------------------- best model
@@ -321,7 +330,7 @@ def settle_best(root: str | Path, upto: int) -> None:
     to `upto` (killed before promoting it) becomes the best; a best or pending best of a later step
     is dropped, since the resumed run replays those steps and validates them anew."""
     root = Path(root)
-    aside = root / (BEST_DIR + ".old")
+    aside = aside_path(root / BEST_DIR)
     if not (root / BEST_DIR).exists() and aside.is_dir():
         aside.rename(root / BEST_DIR)
     if (kept := read_best(root)) is not None and kept["step"] > upto:  # resumed from an older checkpoint

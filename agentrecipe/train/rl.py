@@ -45,8 +45,8 @@ from agentrecipe.models.registry import DTYPES, load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, phase_steps, turn_limit
-from agentrecipe.train.checkpoint import (full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint, read_best,
-                                         save_best, save_rl_checkpoint, settle_best)
+from agentrecipe.train.checkpoint import (NO_EPISODES, full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint,
+                                         read_best, save_best, save_rl_checkpoint, settle_best)
 from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
 from agentrecipe.train.dynamic_sampling import dynamic_sampling
@@ -270,7 +270,7 @@ def rl_train(
     start_step = 0
     # episodes played and failed so far, all ranks: a resumed run goes on counting where it left off
     # (restarted at 0, a few failures just after the resume point stopped a run that uninterrupted finished)
-    counts = {"played": 0, "failed": 0}
+    counts = dict(NO_EPISODES)
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
     if ckpt is not None:
         start_step, counts = load_rl_checkpoint(ckpt, actor, critic)
