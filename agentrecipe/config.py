@@ -344,7 +344,8 @@ class RolloutConfig:
     temperature: float
     top_p: float
     max_turns: int
-    """Turn limit when no schedule applies (evaluation, fixed-limit RL)."""
+    """Turn limit of RL rollouts when no schedule applies, and of RL's validation episodes (`valid/*`,
+    keep_best). Evaluation plays eval.max_turns (changing it retrains nothing)."""
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, "rollout.temperature", "must be >= 0")
@@ -421,11 +422,11 @@ class RLConfig:
     turn_schedule: list[int]
     """ScalingInter-RL turn limits, e.g. [6, 10, 14]; empty = rollout.max_turns throughout."""
     turn_schedule_every: int
-    """Steps spent at each turn limit before moving up; 0: the run's steps split evenly between them."""
+    """Steps spent at each turn limit before moving up; 0: floor(run steps / limits) each, the last limit the rest."""
     curriculum: list[list[str]]
     """Levels sampled in each curriculum phase; empty = env.levels throughout."""
     curriculum_every: int
-    """Steps spent in each curriculum phase; 0: the run's steps split evenly between them."""
+    """Steps spent in each curriculum phase; 0: floor(run steps / phases) each, the last phase the rest."""
     checkpoint_every: int
     eval_every: int
     """Greedy episodes on the valid split every this many steps (and after the last): `valid/*` curves. 0: off."""
@@ -481,8 +482,8 @@ class RLConfig:
                "a phase needs at least one level (an empty one would sample every level)")
         for key in ("entropy_coef", "vf_coef", "gigpo_episode_weight", "gigpo_step_weight", "max_grad_norm"):
             _check(getattr(self, key) >= 0, f"rl.{key}", "must be >= 0" + (" (0: no clipping)" if key == "max_grad_norm" else ""))
-        _check(self.turn_schedule_every >= 0, "rl.turn_schedule_every", "must be >= 0 (0: phases split the run evenly)")
-        _check(self.curriculum_every >= 0, "rl.curriculum_every", "must be >= 0 (0: phases split the run evenly)")
+        _check(self.turn_schedule_every >= 0, "rl.turn_schedule_every", "must be >= 0 (0: phases split the run)")
+        _check(self.curriculum_every >= 0, "rl.curriculum_every", "must be >= 0 (0: phases split the run)")
         _check(self.checkpoint_every >= 1, "rl.checkpoint_every", "must be >= 1")
         _check(self.eval_every >= 0, "rl.eval_every", "must be >= 0 (0 turns validation off)")
         _check(0 <= self.max_failed_share <= 1, "rl.max_failed_share", "must be in [0, 1]")

@@ -214,6 +214,32 @@ def test_a_busy_healthy_server_is_not_taken_for_a_hung_one(servers):
         assert all(o is not None for o in pool.reset(games)) and pool.failures == 0
 
 
+def test_a_server_with_a_hung_env_call_gets_no_new_episodes(servers):
+    """A hung env call blocks its server's env thread for good, while its /health still answers.
+    Before, the pool gave that server new episodes after every `retry_after`, and each failed by
+    timeout: 5 failures here, for 1 hung episode. Now its /stats says how long the running call
+    has taken, and the pool keeps new episodes on the other server."""
+    hung, other = Server("fake", servers["log_dir"]), Server("fake", servers["log_dir"])
+    games = [GameSpec(path=f"g{i}", level="x", env="fake", seed=i) for i in range(4)]
+    try:
+        hung.wait(), other.wait()
+        with RemotePool("fake", [hung.url, other.url], timeout=1, connect_timeout=1, retry_after=0.5,
+                        start_timeout=60) as pool:
+            pool.reset(games[:2])  # one episode on each server
+            res = pool.step(["hang", "win"])
+            assert res[0].failed and "no answer in time" in res[0].error and not res[1].failed
+            assert httpx.get(hung.url + "/health", timeout=5).status_code == 200  # the event loop answers
+            assert hung.stats()["busy_s"] > 1
+            for _ in range(2):
+                time.sleep(0.6)  # past retry_after: the pool asks the hung server again
+                assert all(o is not None for o in pool.reset(games)), pool.last_errors
+                assert {server for server, _ in pool._sessions.values()} == {1}
+            assert pool.failures == 1
+            assert other.stats()["busy_s"] == 0
+    finally:
+        hung.stop(), other.stop()
+
+
 def test_server_memory_is_flat_over_1000_episodes(servers):
     """Each ballast env holds 1 MiB until closed: without closing, RSS would grow by about 900 MiB."""
     server = servers["ballast"]

@@ -296,3 +296,23 @@ def test_one_seed_gives_the_same_weights_twice_and_another_seed_other_weights(po
     first, again, other = weights(0, "first"), weights(0, "again"), weights(1, "other")
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_ranks_play_distinct_games_in_a_step_and_one_rank_draws_as_before():
+    """Before, each rank drew its games on its own: 8 ranks of 4 games out of 60 played 24-26
+    distinct games of 32 in a step, though the docstring said different games per rank."""
+    import random
+
+    from agentrecipe.envs.base import GameSpec
+    from agentrecipe.train.rl import draw_games
+
+    games = [GameSpec(path=f"g{i}", level="l", env="fake", seed=i) for i in range(60)]
+    for step in range(5):
+        shares = [draw_games(games, 4, 0, step, r, 8)[0] for r in range(8)]
+        assert len({g.path for share in shares for g in share}) == 32
+        assert shares == [draw_games(games, 4, 0, step, r, 8)[0] for r in range(8)]  # a resumed run replays it
+    one, rng = draw_games(games, 4, 0, 3, 0, 1)
+    old = random.Random("0-3-0")  # one rank: the same games and the same further draws as before
+    assert one == old.sample(games, 4) and rng.random() == old.random()
+    few = [draw_games(games[:6], 4, 0, 3, r, 2)[0] for r in range(2)]  # fewer than 8: each rank its own 4
+    assert all(len({g.path for g in share}) == 4 for share in few)

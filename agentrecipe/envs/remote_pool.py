@@ -13,9 +13,10 @@ the pool's own thread).
 Failures are EnvPool's: an env error, a request without an answer within `timeout` seconds, or a
 server that died or hangs fails only the episodes it held, each once, as
 `StepResult(failed=True, error=...)` (or None from reset), counted in `failures`, never raised.
-Every reset first asks each server's `/health` (within `connect_timeout`); a server that does
-not answer, or left a request without an answer, gets no new episodes for `retry_after` seconds
-and is then asked again. A server's first resets get `start_timeout` more seconds (imports).
+Every reset first asks each server's `/stats` (within `connect_timeout`); a server that does
+not answer, left a request without an answer, or reports an env call running longer than
+`timeout` (hung: its /health still answers, but its env thread never comes back) gets no new
+episodes for `retry_after` seconds and is then asked again. A server's first resets get `start_timeout` more seconds (imports).
 A server that does not answer when the pool starts, or serves another family, is an error then.
 """
 
@@ -139,17 +140,20 @@ class RemotePool:
         return [p for p in await asyncio.gather(*(check(i) for i in range(len(self.urls)))) if p]
 
     async def _live_servers(self) -> list[int]:
-        """Servers answering /health now; one that does not is left alone for retry_after seconds."""
+        """Servers answering /stats now, with no env call running past `timeout` (before, a server
+        whose env call hung still answered /health, so after each `retry_after` it got new episodes,
+        and every one of them failed by timeout); others are left alone for retry_after seconds."""
         now = time.monotonic()
         asked = [i for i in range(len(self.urls)) if self._down_until.get(i, 0.0) <= now]
 
         async def healthy(server: int) -> bool:
             try:
-                await self._get(server, "/health")
-                return True
+                stuck = (await self._get(server, "/stats")).get("busy_s", 0.0) > self.timeout
             except Exception:  # noqa: BLE001
+                stuck = True
+            if stuck:
                 self._set_down(server)
-                return False
+            return not stuck
 
         answers = await asyncio.gather(*(healthy(i) for i in asked))
         return [i for i, ok in zip(asked, answers) if ok]

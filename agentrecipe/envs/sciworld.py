@@ -186,7 +186,9 @@ def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, o
         for seed in seeds:
             variation = pool[seed % len(pool)]
             engine.load(level, variation, SIMPLIFICATION, generateGoldPath=True)
-            gold = [sanitize_action(a) for a in engine.get_gold_action_sequence()]
+            # Without the gold plans' answers to "which one do you mean?" (a number): play() answers
+            # those itself, so the gold "0" after it was not understood, a wasted step that SFT taught.
+            gold = [a for a in map(sanitize_action, engine.get_gold_action_sequence()) if not a.isdigit()]
             plan = winning_prefix(engine, gold)
             if not plan:
                 raise RuntimeError(f"ScienceWorld {level} variation {variation}: its gold actions do not win")

@@ -16,8 +16,10 @@ environment. One WebSocket session (`/ws`) plays one episode at a time:
 `observation` the fields of `Observation` plus `info`, the step's info dict. Many sessions run
 at once, each with its own family env; their env calls run one at a time in one thread
 (families need not be thread-safe), so one server uses about one core: run more servers to use
-more. A hung env call therefore stalls its whole server; the remote pool then fails that
-server's episodes by timeout and leaves it alone for a while. Only the session routes of
+more. A hung env call therefore stalls its whole server for good (a thread cannot be stopped):
+the remote pool fails that server's episodes by timeout, and `GET /stats` reports how long the
+running env call has taken (`busy_s`), from which the pool sees the server is still hung and
+gives it no new episodes (its /health still answers: the event loop is not stuck). Only the session routes of
 OpenEnv's "production" mode are served (/ws, /health, /metadata, /schema), not its stateless
 /reset and /step (a fresh env per request, useless for multi-turn games).
 
@@ -35,11 +37,13 @@ over `MAX_BODY_BYTES` are refused. The server binds 127.0.0.1 unless told otherw
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +129,28 @@ class TextObservation(OpenEnvObservation):
 
 
 class _Counts:
-    """Open family envs and episodes started in this server process (for /stats)."""
+    """Open family envs, episodes started and the running env call of this server process (for /stats)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.open_envs = 0
         self.episodes = 0
+        self.call_started: float | None = None
+        """time.monotonic() when the env call now running began (None: no call running)."""
+
+    @contextlib.contextmanager
+    def env_call(self):
+        """Time one env call (they run one at a time, in the sessions' one thread)."""
+        self.call_started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.call_started = None
+
+    def busy_s(self) -> float:
+        """Seconds the running env call has taken so far (0 when none runs)."""
+        started = self.call_started
+        return 0.0 if started is None else time.monotonic() - started
 
 
 COUNTS = _Counts()
@@ -169,37 +189,39 @@ class FamilyEnvironment(Environment):
     def reset(self, seed: int | None = None, episode_id: str | None = None,
               game: dict[str, Any] | None = None) -> TextObservation:
         spec = self._check_game(GameModel.model_validate(game if game is not None else {}))
-        self._close_env()
-        self._env = self.family.make_env(self.options)
-        with COUNTS.lock:
-            COUNTS.open_envs += 1
-            COUNTS.episodes += 1
-        try:
-            obs = self._env.reset(spec)
-        except BaseException:
+        with COUNTS.env_call():
             self._close_env()
-            raise
+            self._env = self.family.make_env(self.options)
+            with COUNTS.lock:
+                COUNTS.open_envs += 1
+                COUNTS.episodes += 1
+            try:
+                obs = self._env.reset(spec)
+            except BaseException:
+                self._close_env()
+                raise
         self._state = State(episode_id=episode_id, step_count=0)
         return TextObservation.from_step(obs, 0.0, False, {})
 
     def step(self, action: TextAction, timeout_s: float | None = None, **kwargs: Any) -> TextObservation:
         if self._env is None:
             raise ValueError("no episode in this session (reset it first)")
-        try:
-            obs, reward, done, info = self._env.step(action.text)
-        except BaseException:
-            self._close_env()
-            raise
-        self._state.step_count += 1
-        if done:  # the episode is over: free its env now, not when the client disconnects
-            self._close_env()
+        with COUNTS.env_call():
+            try:
+                obs, reward, done, info = self._env.step(action.text)
+            except BaseException:
+                self._close_env()
+                raise
+            self._state.step_count += 1
+            if done:  # the episode is over: free its env now, not when the client disconnects
+                self._close_env()
         return TextObservation.from_step(obs, reward, done, info)
 
     @property
     def state(self) -> State:
         return self._state
 
-    def close(self) -> None:
+    def close(self) -> None:  # not timed: OpenEnv may call it outside the env thread, beside a running call
         self._close_env()
 
     def get_metadata(self) -> EnvironmentMetadata:
@@ -234,7 +256,8 @@ def create_app(family: str, options: dict[str, Any] | None = None, max_episodes:
 
     @app.get("/stats")
     def stats() -> dict[str, Any]:
-        return {"family": family, "open_envs": COUNTS.open_envs, "episodes": COUNTS.episodes, "pid": os.getpid()}
+        return {"family": family, "open_envs": COUNTS.open_envs, "episodes": COUNTS.episodes, "pid": os.getpid(),
+                "busy_s": COUNTS.busy_s()}
 
     return app
 

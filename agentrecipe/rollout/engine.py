@@ -152,8 +152,13 @@ class _Rollout:
             ep.action_ids.append(gen.ids)
             ep.logprobs.append(gen.logprobs)
             ep.allowed.append(gen.allowed)
-            text = encoder.tokenizer.decode([t for t in gen.ids if t != encoder.eos_id], skip_special_tokens=True)
-            action = parse_reply(text) if gen.finished else None
+            if trie_commands := self.caches[i].get("commands"):
+                # constrained to the admissible commands: the reply is one of them, as written (parse_reply
+                # refused "0", a ScienceWorld gold step, and commands over its length limit)
+                action = trie_commands.get(tuple(gen.ids)) if gen.finished else None
+            else:
+                text = encoder.tokenizer.decode([t for t in gen.ids if t != encoder.eos_id], skip_special_tokens=True)
+                action = parse_reply(text) if gen.finished else None
             ep.action_texts.append(action)
             actions[i] = action
         return batch, actions
@@ -178,4 +183,5 @@ def _admissible_trie(encoder: PromptEncoder, ep: Episode, cache: dict, command_i
             command_ids[c] = encoder.encode_action(c)
     seqs = [command_ids[c] for c in commands]
     cache["longest"] = max(len(s) for s in seqs)
+    cache["commands"] = {tuple(ids): c for c, ids in zip(commands, seqs)}  # a finished reply -> its command
     return TokenTrie(seqs)

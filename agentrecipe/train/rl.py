@@ -17,7 +17,7 @@ One step, top to bottom (CleanRL style):
 Every pass runs on packed prefix-tree rows (`RLBatch.packed`): shared prefixes forwarded once,
 no padding, logits only where an action token is predicted, softmax over the allowed ids only.
 
-Under a launcher every rank plays its own episodes (different games per rank)
+Under a launcher every rank plays its own episodes (different games per rank, `draw_games`)
 and DeepSpeed averages the gradients; groups never cross ranks. Every rank runs
 the same number of forwards and backwards in every phase (zero-weight dummy passes
 pad a rank with fewer sequences, or none), so no collective waits forever.
@@ -210,6 +210,23 @@ class _TimedPool:
         return getattr(self.pool, name)
 
 
+def draw_games(candidates: list[GameSpec], per_rank: int, seed: int, step: int, rank: int,
+               world: int) -> tuple[list[GameSpec], random.Random]:
+    """A rank's games of one step, and the random generator its further draws of the step use.
+
+    One draw of per_rank x world distinct games, rank r playing the r-th share, so no two ranks
+    play the same game in a step (before, each rank drew on its own: with 8 ranks of 4 games out
+    of 60, a step played 24-26 distinct games of 32). Fewer candidates than that: each rank its
+    own draw (with repeats only when fewer than per_rank). One rank draws as before."""
+    draw = random.Random(f"{seed}-{step}-0")
+    if len(candidates) >= per_rank * world:
+        share = draw.sample(candidates, per_rank * world)[rank * per_rank:(rank + 1) * per_rank]
+        return share, draw if rank == 0 else random.Random(f"{seed}-{step}-{rank}")
+    own = draw if rank == 0 else random.Random(f"{seed}-{step}-{rank}")
+    games = own.sample(candidates, per_rank) if len(candidates) >= per_rank else own.choices(candidates, k=per_rank)
+    return games, own
+
+
 def rollout_stats(episodes: list, rewards: list[list[float]], group_of: list[int], group_size: int) -> dict[str, float]:
     """`rollout/*` metrics of one step's episodes, all it played (failed ones only counted): success, return, score,
     turns, invalid-action rate, truncation, and the share of groups whose rollouts all earned the
@@ -309,10 +326,9 @@ def rl_train(
         # 1. schedules
         max_turns = turn_limit(step, rl.turn_schedule, turn_every, run.rollout.max_turns)
         levels = curriculum_levels(step, rl.curriculum, curriculum_every, run.levels)
-        # 2. rollouts: each rank its own games, seeded by (seed, step, rank) so a resumed run replays the same draws
-        rng = random.Random(f"{rl.seed}-{step}-{rank}")
+        # 2. rollouts: each rank its own games, seeded by (seed, step) so a resumed run replays the same draws
         candidates = [g for g in train_games if g.level in levels] or train_games
-        games = rng.sample(candidates, rl.games_per_step) if len(candidates) >= rl.games_per_step else rng.choices(candidates, k=rl.games_per_step)
+        games, rng = draw_games(candidates, rl.games_per_step, rl.seed, step, rank, dist.world_size())
         group_of = [g for g in range(len(games)) for _ in range(rl.group_size)]
         settings = RolloutSettings.from_agent(run.agent, max_turns, temperature, run.rollout.top_p,
                                               seed=rl.seed * 1_000_003 + step * 101 + rank)
