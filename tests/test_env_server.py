@@ -240,6 +240,25 @@ def test_a_server_with_a_hung_env_call_gets_no_new_episodes(servers):
         hung.stop(), other.stop()
 
 
+def test_a_busy_server_is_not_taken_for_a_hung_one_before_it_answered_the_pool(servers):
+    """Another client's call may run past `timeout` on a server this pool has not heard from yet
+    (a first call imports the family): start_timeout more for it, as for the pool's own first
+    resets. Here a 0.4 s step of one pool, while a second pool with a 0.1 s timeout starts."""
+    import threading
+
+    url = servers["fake"].url
+    games = [GameSpec(path=f"g{i}", level="x", env="fake", seed=i) for i in range(2)]
+    with RemotePool("fake", [url], timeout=5, start_timeout=60) as busy, \
+            RemotePool("fake", [url], timeout=0.1, start_timeout=60) as fresh:
+        busy.reset(games[:1])
+        stepping = threading.Thread(target=busy.step, args=(["slow"],))
+        stepping.start()
+        time.sleep(0.2)  # the slow step is running on the server's one env thread
+        obs = fresh.reset(games[1:])
+        stepping.join()
+        assert obs[0] is not None and fresh.failures == 0, fresh.last_errors
+
+
 def test_server_memory_is_flat_over_1000_episodes(servers):
     """Each ballast env holds 1 MiB until closed: without closing, RSS would grow by about 900 MiB."""
     server = servers["ballast"]

@@ -15,8 +15,9 @@ server that died or hangs fails only the episodes it held, each once, as
 `StepResult(failed=True, error=...)` (or None from reset), counted in `failures`, never raised.
 Every reset first asks each server's `/stats` (within `connect_timeout`); a server that does
 not answer, left a request without an answer, or reports an env call running longer than
-`timeout` (hung: its /health still answers, but its env thread never comes back) gets no new
-episodes for `retry_after` seconds and is then asked again. A server's first resets get `start_timeout` more seconds (imports).
+`timeout` (hung: its /health still answers, but its env thread never comes back; `start_timeout`
+more until it has answered this pool once) gets no new episodes for `retry_after` seconds and is
+then asked again. A server's first resets get `start_timeout` more seconds (imports).
 A server that does not answer when the pool starts, or serves another family, is an error then.
 """
 
@@ -101,6 +102,7 @@ class RemotePool:
         self.start_timeout = start_timeout
         """Extra seconds for a server's first resets (its family's imports happen then)."""
         self._warm: set[int] = set()  # servers that have answered a reset
+        self._answered: set[int] = set()  # ... ever (a server still importing may be busy past timeout)
         self.failures = 0
         """Episodes failed so far (env error, dead or hung server, timeout)."""
         self.last_errors: dict[int, str] = {}
@@ -147,8 +149,10 @@ class RemotePool:
         asked = [i for i in range(len(self.urls)) if self._down_until.get(i, 0.0) <= now]
 
         async def healthy(server: int) -> bool:
+            # another client's first call there may be importing the family: start_timeout more then
+            limit = self.timeout + (0.0 if server in self._answered else self.start_timeout)
             try:
-                stuck = (await self._get(server, "/stats")).get("busy_s", 0.0) > self.timeout
+                stuck = (await self._get(server, "/stats")).get("busy_s", 0.0) > limit
             except Exception:  # noqa: BLE001
                 stuck = True
             if stuck:
@@ -193,6 +197,7 @@ class RemotePool:
             await self._drop(slot, cut=_timed_out(e))
             return False, f"{self.urls[server]}: {_why(e)}"
         self._warm.add(server)
+        self._answered.add(server)
         return True, result.observation.observation()
 
     async def _reset(self, payload: dict[int, GameSpec]) -> dict[int, tuple[bool, Any]]:
