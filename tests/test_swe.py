@@ -329,3 +329,44 @@ def test_build_workers_sharing_a_package_cache_prepare_it_once(tmp_path, monkeyp
         t.join(timeout=300)
     assert errors == [] and len(results) == 2 and len(unpacked) == 1
     assert results[0].tests == results[1].tests and "tests/test_calc.py" in results[0].tests
+
+
+def test_a_task_depends_on_its_split_not_on_what_the_process_built_before(calc_tasks, tmp_path):
+    """Before, bugs taken by earlier calls in the same process were skipped: a build worker reused for
+    a second batch gave seed s another task than a fresh one, and batches in different workers
+    repeated tasks. Now a call starts afresh, and the build gives an SWE split one job."""
+    from agentrecipe.config import EnvConfig
+    from agentrecipe.envs.build import plan_jobs
+
+    built, opts = calc_tasks
+    again = swe.build_games("any-f1", "train", [50001, 50002, 50003], tmp_path / "any-f1" / "train", opts)
+    bugs = lambda games: [tasks.read_task(g.path)["mutations"] for g in games]  # noqa: E731
+    assert bugs(again) == bugs(built["any-f1"])
+    cfg = EnvConfig(name="swe", levels=["any-f1", "any-f2"], ood_levels=[], n_train=12, n_valid=4, n_test=8, workers=2)
+    jobs = plan_jobs(cfg, tmp_path, {})
+    assert sorted((job[1], job[2], len(job[3])) for job in jobs) == [
+        ("any-f1", "test", 8), ("any-f1", "train", 12), ("any-f1", "valid", 4),
+        ("any-f2", "test", 8), ("any-f2", "train", 12), ("any-f2", "valid", 4)]
+
+
+def test_offered_edits_do_not_depend_on_how_the_task_path_is_written(calc_tasks, monkeypatch):
+    """Before, the distractor edits were drawn with the task's path as seed: the same task by a
+    relative path (another working directory, another clone) offered other edits."""
+    import dataclasses
+
+    built, opts = calc_tasks
+    env = swe.make_env(opts)
+
+    def offered(game):
+        obs = env.reset(game)
+        for action in game.expert_plan[:-3]:
+            obs, *_ = env.step(action)
+        return [c for c in obs.admissible_commands if c.startswith("edit ")]
+
+    absolute = [offered(game) for game in built["any-f1"]]
+    relative = []
+    for game in built["any-f1"]:
+        monkeypatch.chdir(Path(game.path).parent)
+        relative.append(offered(dataclasses.replace(game, path=Path(game.path).name)))
+    env.close()
+    assert relative == absolute

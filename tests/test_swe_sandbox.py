@@ -274,3 +274,14 @@ def test_a_sandbox_that_cannot_be_set_up_says_why_and_runs_nothing(tmp_path):
                           preexec_fn=_preexec(Limits(), False, 64, tmp_path / "no-such-cgroup", None))
     assert proc.returncode == 123 and "sandbox: cannot join the pids cgroup" in proc.stderr
     assert not marker.exists()
+
+
+def test_a_run_stopped_by_a_limit_scores_nothing(task):
+    """Before, a report written before the run hung still counted: with `add` broken and a thread
+    that never ends, test_shout's pass scored 0.5, more than the fixed code under the same hang."""
+    env = swe.make_env({"packages": [SPEC], "timeout": 3.0})
+    env.reset(task)
+    obs, info, _ = plant(env, r"import threading, time\nthreading.Thread(target=time.sleep, args=(600,)).start()\n"
+                              r"return a - b")
+    assert info["sandbox"]["contained"] == "timeout" and info["pass_ratio"] == 0.0, obs.text
+    env.close()

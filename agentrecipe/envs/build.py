@@ -74,10 +74,13 @@ def wanted_splits(env_cfg: EnvConfig) -> list[tuple[str, str, list[int]]]:
 
 
 def plan_jobs(env_cfg: EnvConfig, out_dir: Path, options: dict) -> list[Job]:
-    """Batches of seeds: about four per worker, so a slow level does not leave workers idle."""
+    """Batches of seeds: about four per worker, so a slow level does not leave workers idle; one
+    per split for a family whose games depend on their split's other seeds (registry: WHOLE_SPLITS)."""
     wanted = wanted_splits(env_cfg)
     total = sum(len(seeds) for *_, seeds in wanted)
     size = max(1, -(-total // (4 * env_cfg.workers)))
+    if getattr(registry.get_family(env_cfg.name), "WHOLE_SPLITS", False):
+        size = max([1] + [len(seeds) for *_, seeds in wanted])
     return [
         (registry.FAMILIES[env_cfg.name], level, split, seeds[i : i + size], str(out_dir / level / split), options)
         for level, split, seeds in wanted

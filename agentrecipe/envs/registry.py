@@ -7,7 +7,9 @@
 - optionally ``game_pool(level, split, options) -> tuple | None``: where game ``seed`` of a level
   and split is game ``pool[seed % len(pool)]`` of a finite pool, that pool: one identity per game,
   equal wherever two levels or splits would draw the same game (build.check_pools refuses a split
-  that repeats a game and a test or valid game that another level or split also draws).
+  that repeats a game and a test or valid game that another level or split also draws);
+- optionally ``WHOLE_SPLITS = True``: a game depends on the other seeds of its split (SWE tasks
+  skip the bugs of lower seeds), so the build gives each (level, split) one job, never batches.
 
 Modules are imported lazily, so TextWorld users never import ALFWorld.
 """

@@ -278,7 +278,10 @@ class SWEEnv:
         outcomes = report.get("tests", {})
         failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
         mismatch = not failed and res.returncode != 0  # the report says all pass, pytest does not:
-        if mismatch:  # the tests' code wrote the report; trust none of it
+        # the tests' code wrote the report; and a run stopped by a limit or that ended other than by
+        # running its tests (pytest's 0 or 1) scores nothing (before, a fix that then hung scored 0
+        # and the bug kept under the same hang 0.5: the report's passes counted)
+        if mismatch or res.contained or res.returncode not in (0, 1):
             outcomes, failed = {}, list(tests)
         ratio = (len(tests) - len(failed)) / len(tests)
         self.stats["runs"] += 1
@@ -346,7 +349,10 @@ class SWEEnv:
             found = []
         wrong = [f"edit {rel} {m.line} {m.line} <<< {(m.mutated or '').strip()}".rstrip() for m in found]
         wrong = sorted({w for w in wrong if fits_action(w)} - set(fixes))
-        seed = hashlib.sha256(f"{self.game.path}/{rel}/{lo}/{text}".encode()).hexdigest()
+        # the task's identity, not its path (the same task by a relative path, or in another clone,
+        # offered other distractors)
+        game = self.game
+        seed = hashlib.sha256(f"{game.level}/{game.split}/{game.seed}/{rel}/{lo}/{text}".encode()).hexdigest()
         k = max(0, int(self.opts["candidate_edits"]) - len(fixes))
         return fixes + random.Random(seed).sample(wrong, min(k, len(wrong)))
 

@@ -183,7 +183,6 @@ class Builder:
         self.scratch.clear()
 
 
-_taken: dict[tuple, set[str]] = {}  # per process: (level, split, packages) -> mutation keys already used
 
 
 def pick(builder: Builder, pool, n_files: int, seed: int, taken: set[str], max_tries: int):
@@ -289,7 +288,7 @@ def build_games(level: str, split: str, seeds, out_dir, opts: dict, cache: Path)
     pool = mutation_pool(packages, kinds, split, level)
     if not pool:
         raise RuntimeError(f"SWE level {level} ({split}): no candidate mutation in {opts['packages']}")
-    taken = _taken.setdefault((level, split, tuple(opts["packages"])), set())
+    taken: set[str] = set()  # mutation keys used by lower seeds (the build gives a split one job: WHOLE_SPLITS)
     builder = Builder(opts)
     games = []
     try:
