@@ -285,3 +285,33 @@ def test_a_run_stopped_by_a_limit_scores_nothing(task):
                               r"return a - b")
     assert info["sandbox"]["contained"] == "timeout" and info["pass_ratio"] == 0.0, obs.text
     env.close()
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: mount namespaces need root")
+def test_the_task_files_are_hidden_from_the_tests_code(task):
+    """Before, code run by the tests read the task folder (task.json holds the fix; its
+    CAP_DAC_READ_SEARCH reads any file) and could win without fixing anything."""
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    code = rf"import os\nreturn a + b if os.path.exists({task.path!r}) else a - b"
+    obs, info, _ = plant(env, code)
+    assert info["pass_ratio"] == 0.5 and "test_add" in obs.text, obs.text  # it did not see the task: add stays broken
+    env.close()
+    with pytest.raises(ValueError, match="cannot be hidden"):
+        run_limited([sys.executable, "-c", "pass"], Path(task.path).parent, Limits(), hidden=[Path(task.path).parents[1]])
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: the run's /dev/shm and uid need root")
+def test_shared_memory_is_bounded_and_nothing_is_left_in_the_shared_temp_folders(tmp_path):
+    """Before, /dev/shm (RAM that RLIMIT_AS does not count) took as much as the run wrote, and what
+    it wrote there and in /tmp outlived it."""
+    name = f"agentrecipe-test-{os.getpid()}-{time.monotonic_ns()}"
+    code = (f"import os\nfor d in ('/tmp', '/var/tmp'): open(os.path.join(d, {name!r}), 'w').write('x')\n"
+            f"os.mkdir('/tmp/{name}.d')\nopen('/dev/shm/{name}', 'w').write('x')\n"
+            # files under RLIMIT_FSIZE (64 MiB), 128 MiB in all
+            "try:\n    for i in range(4):\n        with open(f'/dev/shm/big{i}', 'wb') as f: f.write(bytes(32 << 20))\n"
+            "except OSError:\n    print('stopped at', sum(os.path.getsize(f'/dev/shm/{n}') for n in os.listdir('/dev/shm')) >> 20)\n")
+    res = run_limited([sys.executable, "-c", code], tmp_path, Limits())  # its /dev/shm: Limits.shm_mb (64 MiB)
+    assert res.output.startswith("stopped at ") and int(res.output.split()[2]) <= 64, res.output
+    assert not [p for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).glob(f"{name}*")]
+    assert not list(Path("/dev/shm").glob("big*"))

@@ -71,6 +71,18 @@ def sweep_stale(root: Path = WORKDIR) -> int:
     return n
 
 
+def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
+    """What the code a task runs must not read: the fix is in the task folders (task.json) and in
+    the package cache (the packages unmutated). The folder of the task's split (its tasks), the
+    build output it lies in (where a `_packages` cache sits beside the level folders) and
+    env.swe.cache_dir; the ones that exist."""
+    split_dir = task_dir.resolve().parent
+    build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
+    found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
+    found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
+    return tuple(dict.fromkeys(p for p in found if p.is_dir()))
+
+
 def edit_lines(lines: list[str], start: int, end: int, text: str) -> tuple[list[str], int]:
     """`lines` with START..END (1-based, inclusive) replaced by `text` (the `edit` command's
     rules: literal \\n splits lines, indentation of line START plus 4 spaces per leading \\t);
@@ -274,7 +286,7 @@ class SWEEnv:
         for rel in self.task["test_files"]:
             restore(self.task_dir / "repo" / rel, self.root, rel)
         tests = self.task["FAIL_TO_PASS"] + self.task["PASS_TO_PASS"]
-        report, res = pytest_run(self.root, tests, self.limits)
+        report, res = pytest_run(self.root, tests, self.limits, hidden=hidden_from_runs(self.task_dir, self.opts))
         outcomes = report.get("tests", {})
         failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
         mismatch = not failed and res.returncode != 0  # the report says all pass, pytest does not:

@@ -200,11 +200,14 @@ def read_report(path: Path) -> dict:
     return data if ok else {"tests": {}}
 
 
-def run_tests(root: Path, tests: list[str], limits: Limits, trace: list[str] | None = None) -> tuple[dict, object]:
-    """(report, RunResult) of pytest on `tests` (all when empty) in folder `root`."""
+def run_tests(root: Path, tests: list[str], limits: Limits, trace: list[str] | None = None,
+              hidden: tuple[Path, ...] = ()) -> tuple[dict, object]:
+    """(report, RunResult) of pytest on `tests` (all when empty) in folder `root`; `hidden`: folders
+    the run must not see (`run_limited`)."""
     report = root / ".swe_report.json"
     remove_path(report)
-    res = run_limited(pytest_argv(report.name, tests, trace), root, limits, python_path(root), writable=True)
+    res = run_limited(pytest_argv(report.name, tests, trace), root, limits, python_path(root), writable=True,
+                      hidden=hidden)
     data = read_report(report)
     remove_path(report)
     return data, res

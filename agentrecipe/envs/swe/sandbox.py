@@ -15,6 +15,12 @@
 - network: as root, the child enters an empty network namespace (``unshare(CLONE_NEWNET)``:
   no interfaces, not even a working loopback). Without root no namespace can be made: proxy
   variables are unset instead; `ISOLATION` says which applies;
+- mounts and IPC (as root): namespaces of its own too. Its /dev/shm is a fresh tmpfs of
+  ``limits.shm_mb`` (RAM that RLIMIT_AS does not count: before, one run could fill the host's
+  /dev/shm, and its files outlived it), gone with the run; the folders in ``hidden`` (the task
+  files and the package cache: the fix, in a SWE task) are covered by an empty read-only tmpfs,
+  since its CAP_DAC_READ_SEARCH reads any file. What it leaves in /tmp and /var/tmp (files and
+  folders it owns at their top level) is removed after it;
 - user: as root, the child then becomes a fresh unprivileged uid of its own (`SANDBOX_UIDS`,
   one per run, no supplementary groups, no_new_privs). It keeps one capability,
   CAP_DAC_READ_SEARCH (ambient), so it can read the interpreter and the packages wherever
@@ -47,7 +53,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWIPC = 0x40000000, 0x00020000, 0x08000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 1 << 14, 1 << 18
+SHARED_TMP = ("/tmp", "/var/tmp")
+"""World-writable folders whose top-level leftovers of a run (as root: owned by its uid) are removed."""
 PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 24, 38, 47, 2
 CAP_DAC_READ_SEARCH = 2
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -77,6 +86,8 @@ class Limits:
     """Bytes of stdout + stderr kept; more kills the run."""
     file_mb: int = 64
     """RLIMIT_FSIZE: largest file the run may write, in MiB."""
+    shm_mb: int = 64
+    """Size of the run's own /dev/shm (as root), in MiB."""
 
 
 @dataclass
@@ -104,7 +115,7 @@ def _can_isolate() -> bool:
 
 
 ISOLATION = "netns" if _can_isolate() else "proxy-unset"
-"""'netns': an empty network namespace (as root); 'proxy-unset': no namespace (not root)."""
+"""'netns': namespaces of its own (network, mounts, IPC; as root); 'proxy-unset': none (not root)."""
 
 
 def user_processes() -> int:
@@ -175,7 +186,8 @@ def remove_pids_cgroup(group: Path) -> None:
             time.sleep(0.1)
 
 
-def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid: int | None):
+def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid: int | None,
+             hidden: tuple[Path, ...] = ()):
     libc = ctypes.CDLL(None, use_errno=True)
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if uid is not None else 0
 
@@ -183,6 +195,11 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
         """Never run unconfined: say why on the run's output (the pipe is in place by now) and exit."""
         os.write(2, f"sandbox: {why}; the run did not start\n".encode())
         os._exit(code)
+
+    def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        enc = lambda v: None if v is None else v.encode()  # noqa: E731
+        if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+            fail(122, f"cannot mount {fstype or 'private'} on {target} (errno {ctypes.get_errno()})")
 
     def become(uid: int) -> None:
         """A fresh unprivileged uid keeping CAP_DAC_READ_SEARCH only (exits the child on any failure)."""
@@ -214,8 +231,16 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
                     f.write(str(os.getpid()))
             except OSError:
                 fail(123, f"cannot join the pids cgroup {group}")
-        if isolate and libc.unshare(CLONE_NEWNET) != 0:
-            fail(121, "cannot enter a new network namespace (needs CAP_SYS_ADMIN; a container without it?)")
+        if isolate:
+            if libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC) != 0:
+                fail(121, "cannot enter new network, mount and IPC namespaces (needs CAP_SYS_ADMIN; a container "
+                          "without it?)")
+            mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here reaches the host
+            if os.path.isdir("/dev/shm"):
+                mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.shm_mb}m,mode=1777")
+            for folder in hidden:
+                if os.path.isdir(folder):
+                    mount("tmpfs", str(folder), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         mem = limits.memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -262,13 +287,19 @@ def lent(folder: Path, uid: int | None):
 
 
 def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[str, str] | None = None,
-                writable: bool = False) -> RunResult:
+                writable: bool = False, hidden: tuple[str | Path, ...] = ()) -> RunResult:
     """Run `argv` in `folder` inside `limits`; never raises for what the child does.
 
     writable: lend `folder` to the run (as root the run has a uid of its own, which may write
-    only where it is let); without it, a run as root can write in `folder` only if anyone may."""
+    only where it is let); without it, a run as root can write in `folder` only if anyone may.
+    hidden: folders the run must not read (as root; none may hold `folder` or the interpreter)."""
     start = time.perf_counter()
     folder = Path(folder)
+    hidden = tuple(Path(h).resolve() for h in hidden)
+    for h in hidden:
+        if any(Path(p).resolve().is_relative_to(h) for p in (folder, sys.prefix, sys.base_prefix, Path(__file__))):
+            raise ValueError(f"sandbox: {h} cannot be hidden from a run: it holds the run's folder, the interpreter "
+                             "or agentrecipe")
     uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS)) if ISOLATION == "netns" else None
     tmp = Path(tempfile.mkdtemp(prefix="agentrecipe-sandbox-")) if uid is not None else None
     try:
@@ -276,19 +307,36 @@ def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[s
             os.chown(tmp, uid, uid)  # the run's own TMPDIR, empty and removed after it
         with lent(folder, uid if writable else None):
             extra = {**(env or {}), **({"TMPDIR": str(tmp)} if tmp else {})}
-            return _run(argv, folder, limits, extra, uid, start)
+            return _run(argv, folder, limits, extra, uid, start, hidden)
     finally:
         if tmp is not None:
             remove_tree(tmp)
+        if uid is not None:
+            remove_owned(uid, SHARED_TMP)
+
+
+def remove_owned(uid: int, folders: tuple[str, ...]) -> None:
+    """Remove what `uid` owns at the top level of `folders` (a run's leftovers: its uid is its own)."""
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    remove_path(Path(entry.path))
+            except OSError:
+                pass
 
 
 def _run(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], uid: int | None,
-         start: float) -> RunResult:
+         start: float, hidden: tuple[Path, ...]) -> RunResult:
     group = make_pids_cgroup(limits.nproc)
     nproc = limits.nproc if uid is not None else user_processes() + limits.nproc
     proc = subprocess.Popen(argv, cwd=str(folder), env=clean_env(env), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group, uid))
+                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group, uid, hidden))
     chunks: list[bytes] = []
     over = threading.Event()
 
