@@ -200,6 +200,9 @@ def test_test_files_cannot_be_edited_and_are_restored(calc_tasks):
     env.reset(game)
     obs, _, _, info = env.step("edit tests/test_calc.py 1 1 <<< import calc")
     assert info["invalid"] and "test file" in obs.text
+    # nor the tests' configuration (before, pytest.ini could load a plugin from the package's code)
+    obs, _, _, info = env.step("edit pytest.ini 1 1 <<< [pytest]\\naddopts = -p calc.ops")
+    assert info["invalid"] and "tested source files" in obs.text, obs.text
     env.close()
 
 

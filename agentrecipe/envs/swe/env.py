@@ -14,8 +14,9 @@ Commands (one line each, as the agent replies; see `agent.prompt.parse_reply`):
     run_tests                     run the task's FAIL_TO_PASS + PASS_TO_PASS tests (sandboxed)
     submit                        run them a last time and end the episode
 
-Test files cannot be edited and are restored before every run (as SWE-bench does), so a
-task is solved only by fixing the package. Observations are cut to ``max_obs_chars``.
+Edits change only the task's tested source files (``sources``: not its tests, conftest.py or
+pytest.ini); test files are also restored before every run (as SWE-bench does), so a task is
+solved only by fixing the package. Observations are cut to ``max_obs_chars``.
 
 Score and reward: the score is the pass ratio of the task's tests at the last run (0
 before any run), and `step` returns its change, so an episode's rewards sum to its final
@@ -266,6 +267,9 @@ class SWEEnv:
         rel = self._rel(path)
         if rel in self.task["test_files"]:
             raise CommandError(f"{name} is a test file: tests are restored before every run; fix the package instead.")
+        if rel not in self.task["sources"]:  # before, pytest.ini or conftest.py: the tests ran on the agent's terms
+            raise CommandError(f"{name} is not one of the package's tested source files, the only files edits may "
+                               "change; fix the package there.")
         try:
             lines, n_new = edit_lines(lines, start, end, text)
         except ValueError as e:
