@@ -195,14 +195,16 @@ class EnvConfig:
                     family.check_level(lvl)
                 except ValueError as e:
                     raise ConfigError(f"env.{key}: {e}") from None
+        same = getattr(family, "level_key", str)  # one name per set of games (`simple` = `simple-dense-detailed`)
         for key in ("levels", "ood_levels"):
-            names = getattr(self, key)
-            twice = sorted({lvl for lvl in names if names.count(lvl) > 1})
-            _check(not twice, f"env.{key}", f"{', '.join(twice)} listed twice: its games would be built, "
-                   "trained on and tested twice")
-        both = sorted(set(self.levels) & set(self.ood_levels))
-        _check(not both, "env.ood_levels", f"{', '.join(both)} also in env.levels: out-of-domain levels are never "
-               "trained on, and a level in both would have each test game played and counted twice")
+            keys = [same(lvl) for lvl in getattr(self, key)]
+            twice = sorted({lvl for lvl in getattr(self, key) if keys.count(same(lvl)) > 1})
+            _check(not twice, f"env.{key}", f"{', '.join(twice)} listed twice (names of the same games): its games "
+                   "would be built, trained on and tested twice")
+        both = sorted(lvl for lvl in self.ood_levels if same(lvl) in {same(x) for x in self.levels})
+        _check(not both, "env.ood_levels", f"{', '.join(both)} also in env.levels (or the same games under another "
+               "name): out-of-domain levels are never trained on, and a level in both would have each test game "
+               "played and counted twice")
         if hasattr(family, "options_of"):
             try:
                 family.options_of(self.family_options)

@@ -260,6 +260,11 @@ def test_import_official_data(built, env, tmp_path, monkeypatch):
     valid = family.build_games("any-r6-d2", "valid", range(6), tmp_path / "valid", {"link": True})
     assert len({g.path for g in valid}) == len(S.TASK_TYPES) and all("valid_seen" in g.path for g in valid)
     assert all(Path(g.path).is_symlink() for g in valid)
+    # the manifest lists them where they were put (before, resolving the link failed the build)
+    from agentrecipe.envs.manifest import read_manifest, write_manifest
+
+    write_manifest(valid, tmp_path / "manifest.jsonl")
+    assert sorted(g.path for g in read_manifest(tmp_path / "manifest.jsonl")) == sorted(g.path for g in valid)
     tasks = {json.loads((Path(g.path).parent / "traj_data.json").read_text())["task_type"] for g in valid}
     assert tasks == set(S.TASK_TYPES)
 

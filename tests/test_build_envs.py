@@ -154,3 +154,27 @@ def test_a_dying_build_worker_fails_the_build_naming_its_batches(tmp_path):
     with pytest.raises(RuntimeError, match="a build worker died") as e:
         list(_batches(2, jobs))
     assert "crash test seeds 7..8" in str(e.value)
+
+
+def test_a_games_folder_holds_the_manifests_games_and_no_others(tmp_path, monkeypatch):
+    """Before, the files of a game left out of the manifest stayed beside the others, and so did an
+    earlier, larger build's: evaluating the folder (games_from_folder) played them too."""
+    from agentrecipe.envs import build
+    from agentrecipe.eval.evaluate import games_from_folder
+
+    build_curriculum(EnvConfig(**{**TINY, "n_test": 2}, workers=1), tmp_path, progress=False)
+    real = build.check_plan
+
+    def losing_seed_2(env, game):
+        if game.split == "test" and game.seed == 2:
+            raise RuntimeError(f"expert plan does not win {game.path}")
+        return real(env, game)
+
+    monkeypatch.setattr(build, "check_plan", losing_seed_2)
+    with pytest.warns(UserWarning, match="left out of the manifest"):
+        games = build_curriculum(EnvConfig(**{**TINY, "n_test": 2, "ood_levels": []}, workers=1), tmp_path, progress=False)
+    listed = sorted(Path(g.path).name for g in games if g.split == "test")
+    assert listed == ["w1-o2-q1-s1.z8"]
+    assert sorted(Path(g.path).name for g in games_from_folder(tmp_path / "w1-o2-q1")) == \
+        sorted(Path(g.path).name for g in games if g.level == "w1-o2-q1")
+    assert not (tmp_path / "w1-o2-q1" / "test" / "w1-o2-q1-s2.json").exists()

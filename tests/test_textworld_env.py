@@ -188,3 +188,24 @@ def test_the_build_stage_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
                         "--out", str(out)], cwd=root, check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
         built[hash_seed] = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.suffix in (".z8", ".json")}
     assert len(built["1"]) == (3 + 1) * 2 and built["1"] == built["2"]  # 3 cooking splits, 1 OOD test game
+
+
+def test_test_games_are_not_the_train_games_under_another_seed(tmp_path):
+    """tw-simple has a few dozen distinct quests: before, 19 of 20 test games replayed a train game's
+    walkthrough (TextWorld's --test distribution was never used)."""
+    from agentrecipe.envs.textworld_env import build_games
+
+    train = {g.expert_plan for g in build_games("simple-dense-detailed", "train", list(range(50001, 50031)),
+                                                tmp_path / "train", {})}
+    test = build_games("simple-dense-detailed", "test", list(range(1, 11)), tmp_path / "test", {})
+    assert not [g.seed for g in test if g.expert_plan in train]
+
+
+def test_a_level_under_two_names_is_refused():
+    from agentrecipe.config import ConfigError, EnvConfig
+
+    with pytest.raises(ConfigError, match="env.ood_levels: simple also in env.levels"):
+        EnvConfig(levels=["simple-dense-detailed"], ood_levels=["simple"])
+    with pytest.raises(ConfigError, match="env.levels: w02-o3-q4, w2-o3-q4 listed twice"):
+        EnvConfig(levels=["w2-o3-q4", "w02-o3-q4"])
+    EnvConfig(levels=["simple-dense-detailed"], ood_levels=["simple-sparse"])  # other games: accepted

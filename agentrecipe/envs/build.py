@@ -7,7 +7,9 @@ by `env_cfg.workers` processes, each building a batch of games (one interpreter 
 per batch, not per game). Every expert plan is replayed and must win its game: a game whose
 plan does not win (a generator defect: TextWorld made w4-o6-q8 test seed 60 with a walkthrough
 whose last object the parser cannot see) is left out of the manifest with a warning naming it,
-and the build fails only when a level's split is left with no game.
+its files removed, and the build fails only when a level's split is left with no game. A split's
+folder is emptied before its games are built, so a folder holds the manifest's games and no
+others (a folder evaluation, `games_from_folder`, plays every game file it finds).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import multiprocessing as mp
+import shutil
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 import warnings
@@ -45,14 +48,24 @@ def check_plan(env, game: GameSpec) -> None:
         )
 
 
+def game_files(game: GameSpec, split_folder: str | Path) -> list[Path]:
+    """The files of a game built into `split_folder`: ``<level>-s<seed>.*`` beside its path
+    (TextWorld, BabyAI, ScienceWorld, TextCraft), else the folder of its own its file lies in (an
+    SWE task folder, an ALFWorld trial folder), else its path alone."""
+    path = Path(game.path)
+    if path.stem == f"{game.level}-s{game.seed}":
+        return sorted(path.parent.glob(f"{path.stem}.*"))
+    return [path] if path.parent.resolve() == Path(split_folder).resolve() else [path.parent]
+
+
 def build_batch(job: Job) -> tuple[list[GameSpec], list[str]]:
     """Build one batch of games of one level and split and check their plans (runs in a worker):
-    (the games whose plan wins, why each other game was left out)."""
+    (the games whose plan wins, why each other game was left out; their files are removed)."""
     module, level, split, seeds, folder, options = job
     family = importlib.import_module(module)
     games = family.build_games(level, split, seeds, folder, options)
     env = family.make_env(options)
-    kept, left_out = [], []
+    kept, left_out, dropped = [], [], []
     try:
         for game in games:
             try:
@@ -60,8 +73,11 @@ def build_batch(job: Job) -> tuple[list[GameSpec], list[str]]:
                 kept.append(game)
             except RuntimeError as e:
                 left_out.append(str(e))
+                dropped.append(game)
     finally:
         env.close()
+    for path in (p for game in dropped for p in game_files(game, folder)):
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     return kept, left_out
 
 
@@ -161,6 +177,8 @@ def build_curriculum(env_cfg: EnvConfig, out_dir: str | Path, progress: bool = T
     options = env_cfg.family_options
     check_pools(env_cfg, family, options)
     jobs = plan_jobs(env_cfg, out_dir, options)
+    for folder in {Path(job[4]) for job in jobs}:  # an earlier build's games are not this build's
+        shutil.rmtree(folder, ignore_errors=True)
     games: list[GameSpec] = []
     left_out: list[str] = []
     with tqdm(total=sum(len(job[3]) for job in jobs), desc="build games", unit="game", disable=not progress) as bar:

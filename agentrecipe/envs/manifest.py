@@ -8,6 +8,7 @@ byte-identical file. Paths are relative to the manifest's folder.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +21,11 @@ MANIFEST_NAME = "manifest.jsonl"
 
 def game_to_row(game: GameSpec, root: Path) -> dict:
     row = asdict(game)
-    row["path"] = str(Path(game.path).resolve().relative_to(root.resolve()))
+    try:  # a linked game (env.alfworld.link) stays where it was put: not resolved into the official data
+        rel = Path(os.path.abspath(game.path)).relative_to(os.path.abspath(root))
+    except ValueError:
+        rel = Path(game.path).resolve().relative_to(Path(root).resolve())
+    row["path"] = str(rel)
     row["expert_plan"] = list(game.expert_plan)
     row["plan_len"] = len(game.expert_plan)
     return row

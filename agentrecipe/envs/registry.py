@@ -8,6 +8,8 @@
   and split is game ``pool[seed % len(pool)]`` of a finite pool, that pool: one identity per game,
   equal wherever two levels or splits would draw the same game (build.check_pools refuses a split
   that repeats a game and a test or valid game that another level or split also draws);
+- optionally ``level_key(name) -> str``: one name for level names that give the same games
+  (``simple`` and ``simple-dense-detailed``), so config checks catch a level listed under two;
 - optionally ``WHOLE_SPLITS = True``: a game depends on the other seeds of its split (SWE tasks
   skip the bugs of lower seeds), so the build gives each (level, split) one job, never batches.
 

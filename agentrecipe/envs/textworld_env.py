@@ -2,10 +2,20 @@
 
 Levels (see params/env/textworld.yaml):
 
-- ``wW-oO-qQ``: ``tw-make custom --world-size W --nb-objects O --quest-length Q``;
+- ``wW-oO-qQ``: W rooms, O objects, a quest of Q actions, as ``tw-make custom --world-size W
+  --nb-objects O --quest-length Q`` except that quests are linear (breadth 1; tw-make's
+  default breadth 1-5 gives another game for 8 of 20 seeds of w2-o3-q4);
 - ``simple[-R][-G]``: ``tw-make tw-simple --rewards R --goal G`` (R dense|balanced|sparse,
-  default dense; G detailed|brief|none, default detailed);
-- ``cooking-rR-tT-gG``: ``tw-make tw-cooking --recipe R --take T --go G`` (G in 1, 6, 9, 12).
+  default dense; G detailed|brief|none, default detailed), test games with ``--test``;
+- ``cooking-rR-tT-gG``: ``tw-make tw-cooking --recipe R --take T --go G --split S`` (G in 1, 6,
+  9, 12; S the game's split).
+
+tw-simple has a few dozen distinct quests: without ``--test`` 19 of 20 test games replayed a
+train game's walkthrough (tw-cooking without ``--split``: 17 of 20), so a test split measured
+recall of training games. Its valid games stay in the train distribution (from the test one,
+validation would select the model on test games). Level names that differ only in spelling
+(``simple`` and ``simple-dense-detailed``, ``w02-o3-q4`` and ``w2-o3-q4``) name the same games:
+`level_key` gives one name for both.
 
 Games are generated and compiled in the calling process (one interpreter start for many
 games). The same level and seed give the same game files, byte for byte: the only
@@ -37,15 +47,17 @@ META_VERBS = frozenset(
 
 
 # ------------------------------------------------------------------------ levels
-def parse_level(name: str) -> tuple[str, dict[str, Any]]:
-    """(kind, settings) of a level name; ValueError naming it when it is not a TextWorld level."""
+def parse_level(name: str, split: str = "train") -> tuple[str, dict[str, Any]]:
+    """(kind, settings) of a level name for games of `split` (tw-simple draws test games from its test
+    distribution, tw-cooking each split from its own foods); ValueError naming it when it is not a
+    TextWorld level."""
     if m := CUSTOM_LEVEL.match(name):
         w, o, q = map(int, m.groups())
         if w < 1 or q < 1:
             raise ValueError(f"TextWorld level {name!r}: needs at least 1 room (w) and a quest length q >= 1")
         return "custom", {"world_size": w, "nb_objects": o, "quest_length": q}
     if m := SIMPLE_LEVEL.match(name):
-        return "tw-simple", {"rewards": m.group(2) or "dense", "goal": m.group(4) or "detailed", "test": False}
+        return "tw-simple", {"rewards": m.group(2) or "dense", "goal": m.group(4) or "detailed", "test": split == "test"}
     if m := COOKING_LEVEL.match(name):
         r, t, g = map(int, m.groups())
         if g not in COOKING_ROOMS:
@@ -54,7 +66,7 @@ def parse_level(name: str) -> tuple[str, dict[str, Any]]:
             raise ValueError(f"TextWorld level {name!r}: cooking needs recipe r >= 1 and take t <= r")
         # The defaults of every other `tw-make tw-cooking` flag.
         return "tw-cooking", {"recipe": r, "take": t, "go": g, "open": False, "cook": False, "cut": False,
-                              "drop": False, "recipe_seed": 0, "split": None}
+                              "drop": False, "recipe_seed": 0, "split": split}
     raise ValueError(
         f"unknown TextWorld level {name!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
         "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG (G in 1, 6, 9, 12)"
@@ -63,6 +75,17 @@ def parse_level(name: str) -> tuple[str, dict[str, Any]]:
 
 def check_level(name: str) -> None:
     parse_level(name)
+
+
+def level_key(name: str) -> str:
+    """One name per set of games: the full spelling of a level (``simple`` -> ``simple-dense-detailed``,
+    ``w02-o3-q4`` -> ``w2-o3-q4``), so a level listed under two names is caught."""
+    kind, s = parse_level(name)
+    if kind == "custom":
+        return f"w{s['world_size']}-o{s['nb_objects']}-q{s['quest_length']}"
+    if kind == "tw-simple":
+        return f"simple-{s['rewards']}-{s['goal']}"
+    return f"cooking-r{s['recipe']}-t{s['take']}-g{s['go']}"
 
 
 LEVEL_KEY = "agentrecipe_level"
@@ -89,7 +112,7 @@ def level_from_metadata(metadata: dict[str, Any]) -> str | None:
             _, defaults = parse_level(name)
         except ValueError:
             return None
-        return name if all(settings.get(k, v) == v for k, v in defaults.items() if k not in ("recipe", "take", "go")) else None
+        return name if all(settings.get(k, v) == v for k, v in defaults.items() if k not in ("recipe", "take", "go", "split")) else None
     return None
 
 
@@ -100,19 +123,19 @@ def intermediate_reward(name: str) -> bool:
 
 
 # -------------------------------------------------------------------- generation
-def make_game(level: str, seed: int, path: str | Path):
-    """A textworld.Game for `level` and `seed`, with its GameOptions set to compile to `path`."""
+def make_game(level: str, seed: int, path: str | Path, split: str = "train"):
+    """A textworld.Game for `level`, `split` and `seed`, with its GameOptions set to compile to `path`."""
     import textworld
     import textworld.challenges
     from textworld.generator import make_game as tw_make_game
 
-    kind, settings = parse_level(level)
+    kind, settings = parse_level(level, split)
     options = textworld.GameOptions()
     options.seeds = seed
     options.path = str(path)
     options.file_ext = ".z8"
     options.force_recompile = True
-    if kind == "custom":  # as tw-make custom --quest-length Q
+    if kind == "custom":  # as tw-make custom --quest-length Q, linear quests (module docstring)
         from textworld.generator.data import KnowledgeBase
 
         # the default knowledge base, parsed once per process at import: a fresh GameOptions parses
@@ -157,7 +180,7 @@ def build_games(level: str, split: str, seeds: list[int], out_dir: str | Path, o
     games = []
     for seed in seeds:
         path = out_dir / f"{level}-s{seed}.z8"
-        game, game_options = make_game(level, seed, path)
+        game, game_options = make_game(level, seed, path, split)
         compile_game(game, game_options)
         _fix_serial(path)
         _finish_json(path.with_suffix(".json"), level)
