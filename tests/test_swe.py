@@ -373,3 +373,18 @@ def test_offered_edits_do_not_depend_on_how_the_task_path_is_written(calc_tasks,
         relative.append(offered(dataclasses.replace(game, path=Path(game.path).name)))
     env.close()
     assert relative == absolute
+
+
+def test_a_build_into_the_project_root_hides_its_split_folders_only(tmp_path, monkeypatch):
+    """A build output holding the interpreter or agentrecipe cannot be hidden from a run (run_limited
+    refuses it): hidden_from_runs then hides the task's split folder only."""
+    import sys
+
+    from agentrecipe.envs.swe.env import hidden_from_runs
+
+    task_dir = tmp_path / "any-f1" / "train" / "any-f1-s0"
+    task_dir.mkdir(parents=True)
+    (tmp_path / "_packages").mkdir()
+    assert hidden_from_runs(task_dir, {}) == (task_dir.parent.resolve(), tmp_path.resolve())
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / ".venv"))  # the project root holds the venv
+    assert hidden_from_runs(task_dir, {}) == (task_dir.parent.resolve(),)

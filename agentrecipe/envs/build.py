@@ -8,8 +8,10 @@ per batch, not per game). Every expert plan is replayed and must win its game: a
 plan does not win (a generator defect: TextWorld made w4-o6-q8 test seed 60 with a walkthrough
 whose last object the parser cannot see) is left out of the manifest with a warning naming it,
 its files removed, and the build fails only when a level's split is left with no game. A split's
-folder is emptied before its games are built, so a folder holds the manifest's games and no
-others (a folder evaluation, `games_from_folder`, plays every game file it finds).
+folder is emptied before its games are built, so it holds the manifest's games of that split and
+no others (a folder evaluation, `games_from_folder`, plays every game file it finds); the folders
+of levels and splits an earlier build into the same place had and this one has not stay (under
+DVC, which empties the stage's output first, there are none).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from typing import Any
 from agentrecipe.envs.base import GameSpec, Observation
 from agentrecipe.envs.swe import mutate
 from agentrecipe.envs.swe.packages import run_tests as pytest_run
-from agentrecipe.envs.swe.sandbox import Limits, cpu_limit, remove_path, remove_tree, resolve_inside
+from agentrecipe.envs.swe.sandbox import Limits, can_hide, cpu_limit, remove_path, remove_tree, resolve_inside
 from agentrecipe.envs.swe.tasks import PAGE_JUMPS, fits_action, read_task
 
 EDIT = re.compile(r"^edit (\S+) (\d+) (\d+) <<<(?: ?(.*))?$")
@@ -76,12 +76,13 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     """What the code a task runs must not read: the fix is in the task folders (task.json) and in
     the package cache (the packages unmutated). The folder of the task's split (its tasks), the
     build output it lies in (where a `_packages` cache sits beside the level folders) and
-    env.swe.cache_dir; the ones that exist."""
+    env.swe.cache_dir; the ones that exist and hold neither the episode folders, nor the
+    interpreter, nor agentrecipe (a build into the project root: its split folders only)."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
-    return tuple(dict.fromkeys(p for p in found if p.is_dir()))
+    return tuple(dict.fromkeys(p for p in found if p.is_dir() and can_hide(p, WORKDIR)))
 
 
 def edit_lines(lines: list[str], start: int, end: int, text: str) -> tuple[list[str], int]:
@@ -349,7 +350,7 @@ class SWEEnv:
 
     def _candidate_edits(self, path: Path, lines: list[str]) -> list[str]:
         rel = self._rel(path)
-        if rel in self.task["test_files"] or not rel.endswith(".py"):
+        if rel not in self.task["sources"]:  # the only files `edit` changes
             return []
         lo, hi = self.start, min(len(lines), self.start + self.window - 1)
         text = "\n".join(lines)

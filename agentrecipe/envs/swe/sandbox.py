@@ -297,7 +297,7 @@ def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[s
     folder = Path(folder)
     hidden = tuple(Path(h).resolve() for h in hidden)
     for h in hidden:
-        if any(Path(p).resolve().is_relative_to(h) for p in (folder, sys.prefix, sys.base_prefix, Path(__file__))):
+        if not can_hide(h, folder):
             raise ValueError(f"sandbox: {h} cannot be hidden from a run: it holds the run's folder, the interpreter "
                              "or agentrecipe")
     uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS)) if ISOLATION == "netns" else None
@@ -313,6 +313,14 @@ def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[s
             remove_tree(tmp)
         if uid is not None:
             remove_owned(uid, SHARED_TMP)
+
+
+def can_hide(folder: str | Path, run_folder: str | Path) -> bool:
+    """Whether `folder` may be hidden from a run in `run_folder`: it holds neither that folder, nor the
+    interpreter, nor agentrecipe (the run imports its pytest plugin)."""
+    folder = Path(folder).resolve()
+    return not any(Path(p).resolve().is_relative_to(folder)
+                   for p in (run_folder, sys.prefix, sys.base_prefix, Path(__file__)))
 
 
 def remove_owned(uid: int, folders: tuple[str, ...]) -> None:

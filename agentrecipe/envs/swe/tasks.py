@@ -15,8 +15,8 @@ One task per seed:
    stride, min(100, |pool| / 10)) and takes the first N mutations (distinct files of one
    package) that each make some of the tests that execute their line fail, with the file
    still compiling. Seeds that differ mod S walk disjoint positions, so up to S
-   consecutive seeds get distinct bugs even when built by different processes; an
-   already used bug (same process) is skipped too. When its own positions hold no such
+   consecutive seeds get distinct bugs; a bug a lower seed of the split took is skipped
+   too (the build gives a split one job: `WHOLE_SPLITS`). When its own positions hold no such
    bug, a seed walks on through the rest of the pool;
 3. all N applied together: FAIL_TO_PASS = the tests that then fail; PASS_TO_PASS = up to
    ``p2p`` other tests of the mutated files (else of the package) that still pass.
