@@ -190,15 +190,26 @@ def test_the_build_stage_writes_the_same_bytes_whatever_the_hash_seed(tmp_path):
     assert len(built["1"]) == (3 + 1) * 2 and built["1"] == built["2"]  # 3 cooking splits, 1 OOD test game
 
 
-def test_test_games_are_not_the_train_games_under_another_seed(tmp_path):
+def test_test_games_come_from_each_splits_own_distribution(tmp_path, monkeypatch):
     """tw-simple has a few dozen distinct quests: before, 19 of 20 test games replayed a train game's
-    walkthrough (TextWorld's --test distribution was never used)."""
-    from agentrecipe.envs.textworld_env import build_games
+    walkthrough (50 train games; TextWorld's --test distribution was never used; with it, 0 of 20),
+    and tw-cooking games ignored their split's foods. Building enough games to show it takes
+    minutes, so this checks the wiring."""
+    from agentrecipe.envs import textworld_env as tw
 
-    train = {g.expert_plan for g in build_games("simple-dense-detailed", "train", list(range(50001, 50031)),
-                                                tmp_path / "train", {})}
-    test = build_games("simple-dense-detailed", "test", list(range(1, 11)), tmp_path / "test", {})
-    assert not [g.seed for g in test if g.expert_plan in train]
+    assert [tw.parse_level("simple", split)[1]["test"] for split in ("train", "valid", "test")] == [False, False, True]
+    assert tw.parse_level("cooking-r1-t1-g1", "valid")[1]["split"] == "valid"
+    seen = []
+
+    def make_game(level, seed, path, split="train"):
+        seen.append(split)
+        raise InterruptedError
+
+    monkeypatch.setattr(tw, "make_game", make_game)
+    for split in ("train", "test"):
+        with pytest.raises(InterruptedError):
+            tw.build_games("simple-dense-detailed", split, [1], tmp_path, {})
+    assert seen == ["train", "test"]
 
 
 def test_a_level_under_two_names_is_refused():
