@@ -201,7 +201,8 @@ class EnvConfig:
             twice = sorted({lvl for lvl in getattr(self, key) if keys.count(same(lvl)) > 1})
             _check(not twice, f"env.{key}", f"{', '.join(twice)} listed twice (names of the same games): its games "
                    "would be built, trained on and tested twice")
-        both = sorted(lvl for lvl in self.ood_levels if same(lvl) in {same(x) for x in self.levels})
+        in_domain = {same(lvl) for lvl in self.levels}
+        both = sorted(lvl for lvl in self.ood_levels if same(lvl) in in_domain)
         _check(not both, "env.ood_levels", f"{', '.join(both)} also in env.levels (or the same games under another "
                "name): out-of-domain levels are never trained on, and a level in both would have each test game "
                "played and counted twice")

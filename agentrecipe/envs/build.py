@@ -79,7 +79,10 @@ def build_batch(job: Job) -> tuple[list[GameSpec], list[str]]:
     finally:
         env.close()
     for path in (p for game in dropped for p in game_files(game, folder)):
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
     return kept, left_out
 
 

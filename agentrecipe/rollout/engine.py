@@ -152,10 +152,10 @@ class _Rollout:
             ep.action_ids.append(gen.ids)
             ep.logprobs.append(gen.logprobs)
             ep.allowed.append(gen.allowed)
-            if trie_commands := self.caches[i].get("commands"):
+            if settings.decoding == "admissible":
                 # constrained to the admissible commands: the reply is one of them, as written (parse_reply
                 # refused "0", a ScienceWorld gold step, and commands over its length limit)
-                action = trie_commands.get(tuple(gen.ids)) if gen.finished else None
+                action = self.caches[i]["commands"].get(tuple(gen.ids)) if gen.finished else None
             else:
                 text = encoder.tokenizer.decode([t for t in gen.ids if t != encoder.eos_id], skip_special_tokens=True)
                 action = parse_reply(text) if gen.finished else None

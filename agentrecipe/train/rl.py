@@ -219,10 +219,9 @@ def draw_games(candidates: list[GameSpec], per_rank: int, seed: int, step: int, 
     of 60, a step played 24-26 distinct games of 32). Fewer candidates than that: each rank its
     own draw (with repeats only when fewer than per_rank). One rank draws as before."""
     draw = random.Random(f"{seed}-{step}-0")
-    if len(candidates) >= per_rank * world:
-        share = draw.sample(candidates, per_rank * world)[rank * per_rank:(rank + 1) * per_rank]
-        return share, draw if rank == 0 else random.Random(f"{seed}-{step}-{rank}")
     own = draw if rank == 0 else random.Random(f"{seed}-{step}-{rank}")
+    if len(candidates) >= per_rank * world:
+        return draw.sample(candidates, per_rank * world)[rank * per_rank:(rank + 1) * per_rank], own
     games = own.sample(candidates, per_rank) if len(candidates) >= per_rank else own.choices(candidates, k=per_rank)
     return games, own
 

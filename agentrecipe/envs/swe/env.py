@@ -149,6 +149,7 @@ class SWEEnv:
         task_dir = Path(game.path).parent
         self.task = read_task(game.path)
         self.task_dir = task_dir
+        self.hidden = hidden_from_runs(task_dir, self.opts)
         self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=WORKDIR))
         self.root = self.folder / "repo"
         shutil.copytree(task_dir / "repo", self.root, symlinks=True)
@@ -291,7 +292,7 @@ class SWEEnv:
         for rel in self.task["test_files"]:
             restore(self.task_dir / "repo" / rel, self.root, rel)
         tests = self.task["FAIL_TO_PASS"] + self.task["PASS_TO_PASS"]
-        report, res = pytest_run(self.root, tests, self.limits, hidden=hidden_from_runs(self.task_dir, self.opts))
+        report, res = pytest_run(self.root, tests, self.limits, hidden=self.hidden)
         outcomes = report.get("tests", {})
         failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
         mismatch = not failed and res.returncode != 0  # the report says all pass, pytest does not:
