@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-TW_LEVELS = {"custom": "w2-o3-q2", "simple": "simple-dense-detailed", "cooking": "cooking-r1-t1-g1"}
+TW_LEVELS = {"custom": "w2-o3-q2", "quests": "w2-o3-q1-p2", "simple": "simple-dense-detailed", "cooking": "cooking-r1-t1-g1"}
 
 
 @pytest.fixture(scope="session")
 def tw_games(tmp_path_factory) -> dict:
-    """One small TextWorld game of each level kind: {"custom" | "simple" | "cooking": GameSpec}."""
+    """One small TextWorld game of each level kind: {"custom" | "quests" | "simple" | "cooking": GameSpec}."""
     from agentrecipe.envs.textworld_env import build_games
 
     root = tmp_path_factory.mktemp("tw_games")

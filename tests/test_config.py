@@ -21,7 +21,7 @@ def test_params_yaml_is_the_composed_default():
 @pytest.mark.parametrize(
     "overrides",
     [[], ["rl=ppo", "reward=dense"], ["rl=rloo"], ["rl=reinforce_pp"], ["experiment=micro"],
-     ["experiment=turn_schedule"], ["env=textworld_dense"], ["env=textworld_complex"], ["model=smollm2-135m"],
+     ["experiment=turn_schedule"], ["env=textworld_dense"], ["env=textworld_quests"], ["env=textworld_complex"], ["model=smollm2-135m"],
      ["deepspeed=zero3"], ["rollout=vllm"], ["budget.sft_fraction=0"], ["experiment=alfworld_micro"], ["env=textworld_dense", "experiment=micro"],
      ["experiment=gpu_qwen1.5b"], ["experiment=gpu_qwen7b"]],
 )

@@ -40,7 +40,7 @@ def test_check_feasible_exits_on_the_largest_limit_and_only_warns_for_early_sche
 def test_dense_reward_on_games_that_score_only_at_the_win_warns():
     assert "dense reward equals sparse" in reward_density_warning(["w2-o3-q4"], textworld_env, "dense")
     assert reward_density_warning(["w2-o3-q4"], textworld_env, "sparse") is None
-    assert reward_density_warning(["simple-dense-detailed", "cooking-r1-t1-g1"], textworld_env, "dense") is None
+    assert reward_density_warning(["simple-dense-detailed", "cooking-r1-t1-g1", "w2-o3-q2-p2"], textworld_env, "dense") is None
     assert "simple-sparse" in reward_density_warning(["simple-sparse"], textworld_env, "dense")
     assert reward_density_warning(["pick_and_place_simple-r4-d1"], alfworld, "dense") is None
 

@@ -19,12 +19,12 @@ from agentrecipe.envs.textworld_env import (
 )
 
 
-@pytest.mark.parametrize("name", ["w2-o3-q4", "simple", "simple-sparse", "simple-balanced-none", "cooking-r3-t2-g9"])
+@pytest.mark.parametrize("name", ["w2-o3-q4", "w2-o3-q2-p3", "simple", "simple-sparse", "simple-balanced-none", "cooking-r3-t2-g9"])
 def test_check_level_accepts(name):
     check_level(name)
 
 
-@pytest.mark.parametrize("name", ["w2-o3", "simple-foo", "cooking-r1-t1-g2", "cooking-r1-t2-g1", "w0-o3-q1", "alf"])
+@pytest.mark.parametrize("name", ["w2-o3", "w2-o3-q2-p1", "w2-o3-q2-p", "simple-foo", "cooking-r1-t1-g2", "cooking-r1-t2-g1", "w0-o3-q1", "alf"])
 def test_check_level_names_the_bad_level(name):
     with pytest.raises(ValueError, match=name):
         check_level(name)
@@ -61,7 +61,7 @@ def test_sanitize_action():
     assert sanitize_action("\\\n\x07") == ""
 
 
-@pytest.mark.parametrize("kind", ["custom", "simple", "cooking"])
+@pytest.mark.parametrize("kind", ["custom", "quests", "simple", "cooking"])
 def test_expert_plan_wins_and_scores_sum_to_max(tw_games, kind):
     game = tw_games[kind]
     env = make_env({})
@@ -80,6 +80,10 @@ def test_expert_plan_wins_and_scores_sum_to_max(tw_games, kind):
     assert total == game.max_score == obs.score
     if kind == "simple":  # dense: the score moves along the way, not only at the end
         assert game.max_score > 1 and sum(r > 0 for r in rewards) >= 3
+    if kind == "quests":  # two quests of one action each: a point for each, the first before the win
+        assert game.max_score == 2 and len(game.expert_plan) == 2 and rewards == [1.0, 1.0]
+    if kind == "custom":  # one quest: the score only moves at the win
+        assert game.max_score == 1 and rewards[:-1] == [0.0] * (len(rewards) - 1)
 
 
 def test_following_expert_action_wins(tw_games):
@@ -210,6 +214,16 @@ def test_test_games_come_from_each_splits_own_distribution(tmp_path, monkeypatch
         with pytest.raises(InterruptedError):
             tw.build_games("simple-dense-detailed", split, [1], tmp_path, {})
     assert seen == ["train", "test"]
+
+
+def test_parallel_quests_level_names_and_reward_density():
+    """-pP: P quests, the score moving at each (dense differs from sparse); one quest is the plain name."""
+    from agentrecipe.envs import textworld_env as tw
+
+    assert tw.parse_level("w2-o3-q2-p2")[1] == {"world_size": 2, "nb_objects": 3, "quest_length": 2, "quests": 2}
+    assert tw.parse_level("w2-o3-q4")[1]["quests"] == 1
+    assert tw.level_key("w02-o3-q2-p02") == "w2-o3-q2-p2" and tw.level_key("w2-o3-q4") == "w2-o3-q4"
+    assert tw.intermediate_reward("w2-o3-q2-p2") and not tw.intermediate_reward("w2-o3-q4")
 
 
 def test_a_level_under_two_names_is_refused():

@@ -2,9 +2,13 @@
 
 Levels (see params/env/textworld.yaml):
 
-- ``wW-oO-qQ``: W rooms, O objects, a quest of Q actions, as ``tw-make custom --world-size W
+- ``wW-oO-qQ[-pP]``: W rooms, O objects, a quest of Q actions, as ``tw-make custom --world-size W
   --nb-objects O --quest-length Q`` except that quests are linear (breadth 1; tw-make's
-  default breadth 1-5 gives another game for 8 of 20 seeds of w2-o3-q4);
+  default breadth 1-5 gives another game for 8 of 20 seeds of w2-o3-q4). With ``-pP`` (P >= 2)
+  the game has P such quests (TextWorld's parallel quests), each worth 1 point, one after the
+  other in the objective: the score moves as each is done and the game is won when all are
+  (max score P, a walkthrough of P x Q actions), so dense reward differs from sparse there;
+  without it the max score is 1 and the score only moves at the win;
 - ``simple[-R][-G]``: ``tw-make tw-simple --rewards R --goal G`` (R dense|balanced|sparse,
   default dense; G detailed|brief|none, default detailed), test games with ``--test``;
 - ``cooking-rR-tT-gG``: ``tw-make tw-cooking --recipe R --take T --go G --split S`` (G in 1, 6,
@@ -32,7 +36,7 @@ from typing import Any
 
 from agentrecipe.envs.base import GameSpec, Observation
 
-CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)$")
+CUSTOM_LEVEL = re.compile(r"^w(\d+)-o(\d+)-q(\d+)(-p(\d+))?$")
 COOKING_LEVEL = re.compile(r"^cooking-r(\d+)-t(\d+)-g(\d+)$")
 SIMPLE_LEVEL = re.compile(r"^simple(-(dense|balanced|sparse))?(-(detailed|brief|none))?$")
 COOKING_ROOMS = (1, 6, 9, 12)
@@ -52,10 +56,13 @@ def parse_level(name: str, split: str = "train") -> tuple[str, dict[str, Any]]:
     distribution, tw-cooking each split from its own foods); ValueError naming it when it is not a
     TextWorld level."""
     if m := CUSTOM_LEVEL.match(name):
-        w, o, q = map(int, m.groups())
+        w, o, q = map(int, m.group(1, 2, 3))
+        quests = int(m.group(5) or 1)
         if w < 1 or q < 1:
             raise ValueError(f"TextWorld level {name!r}: needs at least 1 room (w) and a quest length q >= 1")
-        return "custom", {"world_size": w, "nb_objects": o, "quest_length": q}
+        if m.group(4) and quests < 2:
+            raise ValueError(f"TextWorld level {name!r}: -pP asks for P >= 2 quests (one quest: leave -pP out)")
+        return "custom", {"world_size": w, "nb_objects": o, "quest_length": q, "quests": quests}
     if m := SIMPLE_LEVEL.match(name):
         return "tw-simple", {"rewards": m.group(2) or "dense", "goal": m.group(4) or "detailed", "test": split == "test"}
     if m := COOKING_LEVEL.match(name):
@@ -68,7 +75,7 @@ def parse_level(name: str, split: str = "train") -> tuple[str, dict[str, Any]]:
         return "tw-cooking", {"recipe": r, "take": t, "go": g, "open": False, "cook": False, "cut": False,
                               "drop": False, "recipe_seed": 0, "split": split}
     raise ValueError(
-        f"unknown TextWorld level {name!r}; use wW-oO-qQ (e.g. w2-o3-q4), "
+        f"unknown TextWorld level {name!r}; use wW-oO-qQ[-pP] (e.g. w2-o3-q4, w2-o3-q2-p2), "
         "simple[-dense|-balanced|-sparse][-detailed|-brief|-none] or cooking-rR-tT-gG (G in 1, 6, 9, 12)"
     )
 
@@ -82,7 +89,8 @@ def level_key(name: str) -> str:
     ``w02-o3-q4`` -> ``w2-o3-q4``), so a level listed under two names is caught."""
     kind, s = parse_level(name)
     if kind == "custom":
-        return f"w{s['world_size']}-o{s['nb_objects']}-q{s['quest_length']}"
+        quests = f"-p{s['quests']}" if s["quests"] > 1 else ""
+        return f"w{s['world_size']}-o{s['nb_objects']}-q{s['quest_length']}{quests}"
     if kind == "tw-simple":
         return f"simple-{s['rewards']}-{s['goal']}"
     return f"cooking-r{s['recipe']}-t{s['take']}-g{s['go']}"
@@ -119,6 +127,8 @@ def level_from_metadata(metadata: dict[str, Any]) -> str | None:
 def intermediate_reward(name: str) -> bool:
     """Whether the score of a level's games can move before the win (else dense reward equals sparse)."""
     kind, settings = parse_level(name)
+    if kind == "custom":
+        return settings["quests"] > 1
     return kind == "tw-cooking" or (kind == "tw-simple" and settings["rewards"] != "sparse")
 
 
@@ -145,6 +155,7 @@ def make_game(level: str, seed: int, path: str | Path, split: str = "train"):
         options.nb_rooms = settings["world_size"]
         options.nb_objects = settings["nb_objects"]
         options.chaining.min_length = options.chaining.max_length = options.chaining.max_depth = q
+        options.nb_parallel_quests = settings["quests"]
         return tw_make_game(options), options
     _, make, _ = textworld.challenges.CHALLENGES[kind]
     return make(settings=settings, options=options), options
