@@ -45,6 +45,17 @@ def test_level_matrix_is_the_mean_over_seeds_of_each_level(sweep_folder):
     assert rows == [["[A]", "55.0", "25.0"], ["[B]", "10.0", "40.0"]]  # the failed seed of [B] left out
 
 
+def test_level_matrix_lists_the_settings_as_the_summary_does():
+    """A setting whose first seed failed, and one with no successful seed: the same order as the
+    summary table (before, the matrix put the first behind later settings and left the second out)."""
+    rows = [_row("[B]", 0, 0.0, 0.0, "failed"), _row("[A]", 0, 0.5, 0.2), _row("[B]", 1, 0.1, 0.4),
+            _row("[C]", 0, 0.0, 0.0, "failed")]
+    _, matrix = level_matrix(rows, ["env.levels"])
+    order = [s["env.levels"] for s in seeds.summarise(rows, ["env.levels", "seed"])]
+    assert [r[0] for r in matrix] == order == ["[B]", "[A]", "[C]"]
+    assert matrix[2] == ["[C]", "–", "–"]
+
+
 def test_page_holds_command_tables_plot_and_verdict(sweep_folder, tmp_path):
     out = write_page(sweep_folder, tmp_path / "docs" / "env_complexity.md", "Complexity", "simple transfers.",
                      "It does not reproduce here.")

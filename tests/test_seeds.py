@@ -23,6 +23,29 @@ def test_t_interval_by_hand():
     assert one[0] == 0.3 and math.isnan(one[1]) and math.isnan(one[2])
 
 
+def test_t_critical_value_above_the_table():
+    """Past 30 degrees of freedom: the t quantile, not the normal's 1.96 (intervals 2-4% too narrow
+    before). Exact values: 2.0395 (31), 2.0227 (39), 2.0003 (60), 1.9799 (120)."""
+    from agentrecipe.eval.metrics import t_975
+
+    assert t_975(30) == 2.042
+    for df, exact in ((31, 2.0395), (39, 2.0227), (60, 2.0003), (120, 1.9799)):
+        assert t_975(df) == pytest.approx(exact, abs=1e-4), df
+
+
+def test_percents_round_halves_up():
+    from agentrecipe.report.tables import pct
+
+    assert [pct(1 / 80), pct(63 / 80), pct(0.5), pct(1 / 3)] == ["1.3", "78.8", "50.0", "33.3"]
+    assert pct(None) == pct(math.nan) == "–"
+
+
+def test_a_metric_read_back_as_nan_is_not_measured():
+    rows = [_row("a0", "0.2", "0", 0.4), _row("a1", "0.2", "1", math.nan)]
+    (summary,) = seeds.summarise(rows, ["budget.sft_fraction", "seed"])  # crashed before
+    assert summary["rl in-domain per seed"] == "0.4 nan" and summary["rl in-domain episodes"] == 20
+
+
 def test_summary_groups_the_seeds_of_each_setting_and_skips_failed_ones():
     rows = [_row("a0", "0.2", "0", 0.4), _row("a1", "0.2", "1", 0.5), _row("a2", "0.2", "2", 0.6),
             _row("b0", "1.0", "0", 0.9), _row("b1", "1.0", "1", 0.0, state="failed")]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrecipe.report import seeds
+from agentrecipe.report.tables import pct
 
 POOLED = ("in_domain", "ood")
 TEXT_COLUMNS = ("experiment", "state", "error", "rl in-domain", "rl ood", "sft in-domain", "sft ood")
@@ -87,23 +88,23 @@ def summary_rows(summary: list[dict[str, str]], columns: list[str]) -> tuple[lis
 
 def level_matrix(results: list[dict[str, str]], keys: list[str], policy: str = "rl") -> tuple[list[str], list[list[str]]]:
     """`policy`'s greedy success on every level the sweep tested, mean over each setting's seeds
-    (successful experiments only), a row per setting: a transfer matrix when settings train on
-    different levels. Header: the setting keys, then the levels."""
+    (successful experiments only), a row per setting in the summary table's order ('–' where none
+    of its seeds succeeded): a transfer matrix when settings train on different levels. Header:
+    the setting keys, then the levels."""
     prefix = f"{policy}."
     levels = list(dict.fromkeys(k[len(prefix):-len(".success")] for r in results for k in r
                                 if k.startswith(prefix) and k.endswith(".success") and k.count(".") == 2
                                 and k.split(".")[1] not in POOLED))
     groups: dict[tuple, list[dict[str, str]]] = {}
-    for r in results:
-        if r.get("state") == "success":
-            groups.setdefault(tuple(r.get(k, "") for k in keys), []).append(r)
+    for r in results:  # every row, so the settings come in the summary table's order (first seen)
+        groups.setdefault(tuple(r.get(k, "") for k in keys), []).append(r)
     rows = []
     for setting, members in groups.items():
         cells = []
         for level in levels:
-            values = [_num(m.get(f"{prefix}{level}.success", "")) for m in members]
+            values = [_num(m.get(f"{prefix}{level}.success", "")) for m in members if m.get("state") == "success"]
             values = [v for v in values if not math.isnan(v)]
-            cells.append(f"{100 * sum(values) / len(values):.1f}" if values else "–")
+            cells.append(pct(sum(values) / len(values)) if values else "–")
         rows.append([*setting, *cells])
     return [*(k.split(".")[-1] for k in keys), *levels], rows
 
@@ -221,7 +222,7 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
     summary = read_csv(folder / "summary.csv")
     keys = _setting_keys(summary)
     n_seeds = max((len(s["seeds"].split()) for s in summary), default=0)
-    games = sorted({r.get("rl.in_domain.n", "") for r in results if r.get("state") == "success"} - {""})
+    games = sorted({r.get("rl.in_domain.n", "") for r in results if r.get("state") == "success"} - {""}, key=float)
     header, rows = summary_rows(summary, ["rl in-domain", "rl ood"])
     sft_header, sft_rows = summary_rows(summary, ["sft in-domain", "sft ood"])
     m_header, m_rows = level_matrix(results, [k for k in keys if k != seeds.SEED_KEY])

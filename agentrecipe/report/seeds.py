@@ -23,6 +23,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from agentrecipe.eval.metrics import mean_interval, wilson_interval
+from agentrecipe.report.tables import pct
 
 SEED_KEY = "seed"
 CELLS = {"rl in-domain": "rl.in_domain", "rl ood": "rl.ood", "sft in-domain": "sft.in_domain", "sft ood": "sft.ood"}
@@ -36,6 +37,11 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
     if len(values) == 1:
         return mean, math.nan, math.nan
     return (mean, *mean_interval(values))
+
+
+def _is_number(x: Any) -> bool:
+    """A measured value: a number, not nan (a metric read back from a CSV as 'nan' is not measured)."""
+    return isinstance(x, (int, float)) and not math.isnan(x)
 
 
 def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, Any]]:
@@ -56,7 +62,7 @@ def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, An
                                    "seeds": " ".join(str(r.get(SEED_KEY, "")) for r in done),
                                    "missing": " ".join(r["experiment"] for r in members if r["state"] != "success")}
         for column, prefix in CELLS.items():
-            measured = [isinstance(r.get(f"{prefix}.success"), (int, float)) for r in done]
+            measured = [_is_number(r.get(f"{prefix}.success")) for r in done]
             have = [r for r, m in zip(done, measured) if m]
             rates = [float(r[f"{prefix}.success"]) for r in have]
             per_seed = [float(r[f"{prefix}.success"]) if m else math.nan for r, m in zip(done, measured)] if have else []
@@ -73,14 +79,10 @@ def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, An
     return out
 
 
-def _pct(x: float) -> str:
-    return "–" if math.isnan(x) else f"{100 * x:.1f}"
-
-
 def cell_text(summary: dict[str, Any], column: str) -> str:
     """'41.7 [30.2, 53.1]' (mean across seeds, t interval), '40.0' for one seed, '–' for none."""
     mean, low, high = (summary[f"{column} {p}"] for p in ("mean", "low", "high"))
-    return _pct(mean) if math.isnan(low) else f"{_pct(mean)} [{_pct(low)}, {_pct(high)}]"
+    return pct(mean) if math.isnan(low) else f"{pct(mean)} [{pct(low)}, {pct(high)}]"
 
 
 def per_seed_text(summary: dict[str, Any], column: str) -> str:
@@ -94,8 +96,8 @@ def pooled_text(summary: dict[str, Any], column: str) -> str:
     """'41.7 [35.6, 48.0] n=240' (all seeds' test episodes pooled, Wilson interval)."""
     if not summary[f"{column} episodes"]:
         return "–"
-    return (f"{_pct(summary[f'{column} pooled'])} [{_pct(summary[f'{column} pooled low'])}, "
-            f"{_pct(summary[f'{column} pooled high'])}] n={summary[f'{column} episodes']}")
+    return (f"{pct(summary[f'{column} pooled'])} [{pct(summary[f'{column} pooled low'])}, "
+            f"{pct(summary[f'{column} pooled high'])}] n={summary[f'{column} episodes']}")
 
 
 def summary_table(summaries: list[dict[str, Any]], swept: list[str], columns: list[str]) -> list[dict[str, str]]:

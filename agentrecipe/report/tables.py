@@ -3,13 +3,19 @@ and the report page that puts them together with the figures."""
 
 from __future__ import annotations
 
+import math
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 NA = "–"
 
 
-def _pct(x) -> str:
-    return NA if x is None else f"{100 * x:.1f}"
+def pct(x: float | None) -> str:
+    """A fraction as a percent with one decimal, halves rounded up from the fraction's decimal text
+    (1/80 -> '1.3', 63/80 -> '78.8'; float formatting gives '1.2' and '78.8'); '–' for None or nan."""
+    if x is None or math.isnan(x):
+        return NA
+    return str((Decimal(repr(float(x))) * 100).quantize(Decimal("0.1"), ROUND_HALF_UP))
 
 
 def _num(x, digits: int = 2) -> str:
@@ -38,7 +44,7 @@ def success_cell(cell: dict | None) -> str:
     """'45.0 [28.1, 63.1]': success % with its 95% Wilson interval."""
     if not cell or cell.get("success") is None:
         return NA
-    return f"{_pct(cell['success'])} [{_pct(cell['success_ci_low'])}, {_pct(cell['success_ci_high'])}]"
+    return f"{pct(cell['success'])} [{pct(cell['success_ci_low'])}, {pct(cell['success_ci_high'])}]"
 
 
 def success_table(metrics: dict, levels: list[str] | None = None) -> str:
@@ -62,7 +68,7 @@ def results_table(metrics: dict, levels: list[str] | None = None) -> str:
             if c is None:
                 continue
             rows.append([lvl, policy, success_cell(c), _num(c.get("score")), _num(c.get("turns_won"), 1),
-                         _pct(c.get("invalid_rate"))] + [_pct(c.get(k)) for k in ks]
+                         pct(c.get("invalid_rate"))] + [pct(c.get(k)) for k in ks]
                         + [str(c.get("n", NA)), str(c.get("failed", 0))])
     return _table(header, rows, text_cols=2)
 
