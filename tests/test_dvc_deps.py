@@ -81,3 +81,31 @@ def test_stage_deps_cover_every_project_module_it_imports(stage):
 def test_the_closure_sees_lazy_and_relative_imports():
     files = {str(p.relative_to(ROOT)) for p in project_closure("stages.report")}
     assert {"stages/report.py", "stages/common.py", "agentrecipe/config.py"} <= files
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_code_deps_are_code_it_runs(stage):
+    """The converse: a code dep the stage never imports reruns it, and every stage after it, for
+    nothing (agentrecipe/agent on build_envs and sft: an edit to the decoder rebuilt the games and
+    retrained SFT)."""
+    spec = STAGES[stage]
+    closure = project_closure(re.match(r"python -m (\S+)", spec["cmd"]).group(1))
+    code = [d for d in spec.get("deps", []) if d.split("/")[0] in PACKAGES]
+    unused = [d for d in code if not any(f == ROOT / d or ROOT / d in f.parents for f in closure)]
+    assert not unused, f"dvc.yaml stage {stage}: it never imports {unused}"
+
+
+def test_the_stage_times_in_the_report_travel_with_their_stages():
+    """Each wall time the report shows is an output of its stage and a dep of the report: a stage
+    restored from DVC's run cache brings the time of the run that made its outputs (before, the
+    report read whatever file an earlier run of another config had left in data/timings)."""
+    from stages.common import TIMINGS_DIR
+    from stages.report import STAGE_ORDER
+
+    def paths(entries):
+        return [e if isinstance(e, str) else next(iter(e)) for e in entries]
+
+    for stage in STAGE_ORDER:
+        timing = f"{TIMINGS_DIR}/{stage}.json"
+        assert timing in paths(STAGES[stage]["outs"]) and timing in STAGES["report"]["deps"], stage
+    assert "params" in STAGES["report"]["deps"]  # the defaults the report diffs params.yaml against
