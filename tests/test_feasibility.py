@@ -43,6 +43,9 @@ def test_dense_reward_on_games_that_score_only_at_the_win_warns():
     assert reward_density_warning(["simple-dense-detailed", "cooking-r1-t1-g1", "w2-o3-q2-p2"], textworld_env, "dense") is None
     assert "simple-sparse" in reward_density_warning(["simple-sparse"], textworld_env, "dense")
     assert reward_density_warning(["pick_and_place_simple-r4-d1"], alfworld, "dense") is None
+    from agentrecipe.envs import babyai  # scores at the win only: warned about (it was not)
+
+    assert "GoToRedBall" in reward_density_warning(["GoToRedBall"], babyai, "dense")
 
 
 def test_micro_shrinks_sizes_but_leaves_the_env_group_to_the_command_line():

@@ -79,6 +79,19 @@ def test_gold_plan_admissible_wins_and_rewards_sum_to_100(env, built):
 
 
 @needs_java
+def test_points_scored_at_the_start_are_no_actions(env, tmp_path):
+    """Variation 0 scores 8 for the start's own look around: the reset says so, and the first action
+    earns only what it does (before, the reset said 0 and any first command, `inventory`, got 8)."""
+    (game,) = S.build_games(TASK, "train", [0], tmp_path, {})
+    obs = env.reset(game)
+    assert obs.score == S.current_score(env._engine) == 8.0
+    assert env.step("inventory")[1] == 0.0
+    obs = env.reset(game)
+    rewards = [env.step(action)[1] for action in game.expert_plan]
+    assert env.step("look around")[2] and sum(rewards) == 100.0 - 8.0
+
+
+@needs_java
 def test_reset_is_deterministic_and_bad_actions_do_not_crash(env, built):
     game = built[0]
     first = env.reset(game)

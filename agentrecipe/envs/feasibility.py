@@ -4,7 +4,7 @@
   turn limit cannot be won by any policy (the expert included), so a run on such
   games reports 0% for everyone without saying why.
 - Reward density: dense reward is the score change per turn; on games whose score
-  moves only at the win (TextWorld custom wW-oO-qQ, max score 1) dense equals sparse,
+  moves only at the win (TextWorld custom wW-oO-qQ without -pP, max score 1) dense equals sparse,
   so a sparse-vs-dense ablation there compares a setting with itself.
 
 Functions take games and numbers and return messages; stages decide to print or stop.
@@ -78,5 +78,6 @@ def reward_density_warning(levels: list[str], family, reward_mode: str) -> str |
     if not flat:
         return None
     return (f"warning: reward=dense on {', '.join(flat)}: the score of these games only changes when the game "
-            f"is won, so dense reward equals sparse there. Use games whose score moves along the way "
-            f"(-S env=textworld_dense: tw-simple / cooking).")
+            f"is won, so dense reward equals sparse there (BabyAI's: sparse scaled by how fast the game was "
+            f"won). Use games whose score moves along the way "
+            f"(-S env=textworld_quests: custom games of two quests; -S env=textworld_dense: tw-simple / cooking).")

@@ -26,7 +26,8 @@ into the game file at build time, sorted:
    (game seed, action): distractors, deterministic.
 
 Reward: the game's score change (its score runs 0-100; max_score 100, so ``reward=dense``
-with normalise gives score change / 100, what the papers use). A score below 0 ends the
+with normalise gives score change / 100, what the papers use), from the score at the start
+(some games score a few points for the start's own look around: those are no action's). A score below 0 ends the
 episode as lost (the package marks it completed). An ambiguous command ("Ambiguous request:
 Please enter the number ...") is resolved to the first reading, so the agent never has to
 answer with a number.
@@ -130,8 +131,13 @@ def play(engine, action: str) -> tuple[str, int, bool, bool]:
         else:
             engine.server.step("")
             text, understood = AMBIGUOUS_REPLY, False
-    score = int(round(100 * engine.server.getScore()))
+    score = current_score(engine)
     return text, score, bool(engine.server.getCompleted()) or score < 0, understood
+
+
+def current_score(engine) -> int:
+    """The game's score now, 0-100 (negative once the task has failed)."""
+    return int(round(100 * engine.server.getScore()))
 
 
 def winning_prefix(engine, gold: list[str]) -> list[str]:
@@ -266,7 +272,9 @@ class SciWorldEnv:
         text = restart(self._engine)
         self._admissible = tuple(self._game["admissible_commands"])
         self._taken, self._done = [], False
-        self._obs = self._observation(text, 0.0, False)
+        # the start's own "look around" can already score (8 of find-non-living-thing variation 0):
+        # from 0 here, the first action was credited with those points, whatever it was
+        self._obs = self._observation(text, float(current_score(self._engine)), False)
         return self._obs
 
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
