@@ -188,7 +188,9 @@ def _finding_page(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.project) / "docs" / "results" / f"{args.preset}.md")
     verdict = Path(args.verdict[1:]).read_text().strip() if args.verdict.startswith("@") else args.verdict
     with tempfile.TemporaryDirectory() as tmp:
-        folder = folders[0] if len(folders) == 1 else merge_sweeps(folders, Path(tmp) / args.preset, args.preset)
+        # one folder too: its summary is recomputed with this code's columns (a sweep's own summary.csv
+        # is as the code of its day wrote it)
+        folder = merge_sweeps(folders, Path(tmp) / args.preset, args.preset)
         print(f"wrote {write_page(folder, out, preset['description'], preset['paper'], verdict)}")
     return 0
 

@@ -159,3 +159,29 @@ def test_runs_of_one_sweep_differ_only_in_which_points_run_and_how():
     assert sweep_identity(base + " --stop-after-s=60") == sweep_identity(base)
     assert sweep_identity(base + " --target validate") != sweep_identity(base)
     assert sweep_identity(base.replace("findings", "micro")) != sweep_identity(base)
+
+
+def test_the_page_shows_the_sampled_episodes_recomputed_from_the_rows(sweep_folder, tmp_path):
+    """pass@1 of the sampled test episodes beside greedy success (a greedy policy can loop where a
+    sampled one wins), summed up across seeds as success is; the CLI recomputes the summary of a
+    sweep whose summary.csv was written without these columns."""
+    rows = read_csv(sweep_folder / "results.csv")
+    for r, p in zip(rows, ("0.6", "0.7", "0.2", "")):
+        r["rl.in_domain.pass@1"] = p
+    _write_csv(sweep_folder / "results.csv", rows)
+    (summary,) = [s for s in seeds.summarise([{**r, "rl.in_domain.pass@1": float(r["rl.in_domain.pass@1"]),
+                                               "rl.in_domain.n": 20} for r in rows[:2]], ["env.levels", "seed"])]
+    assert summary["rl in-domain sampled mean"] == pytest.approx(0.65) and summary["rl in-domain sampled episodes"] == 40
+    assert seeds.pooled_text(summary, "rl in-domain sampled") == "65.0 [49.5, 77.9] n=40"
+    old = read_csv(sweep_folder / "summary.csv")  # as an older sweep flow wrote it: greedy columns only
+    _write_csv(sweep_folder / "summary.csv", [{k: v for k, v in s.items() if "sampled" not in k} for s in old])
+    root = tmp_path / "project"
+    (root / "params" / "sweep").mkdir(parents=True)
+    (root / "params" / "sweep" / "x.yaml").write_text("description: X\npaper: claim.\nsweeps: [[a=1,2]]\n")
+    out = tmp_path / "x.md"
+    assert main(["finding-page", "x", "--verdict", "v", "--project", str(root), "--sweep", str(sweep_folder),
+                 "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "## Sampled episodes (pass@1, %)" in page
+    assert "| [A] | 0 1 | 65.0 [1.5, 100.0] | 60 70 | 65.0 [49.5, 77.9] n=40 |" in page
+    assert "| [B] | 0 | 20.0 | 20 | 20.0 [8.1, 41.6] n=20 |" in page

@@ -249,10 +249,25 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         *([f"![RL success per setting]({assets}/summary.png)", ""] if (folder / "summary.png").exists() else []),
         "## SFT policy of the same runs (greedy success, %)", "",
         _md_table(sft_header, sft_rows), "",
+        *sampled_section(summary),
         "## RL policy on every tested level (mean of the seeds, %)", "",
         _md_table(m_header, m_rows), "",
         f"Data: [`results.csv`]({assets}/results.csv) (every metric of every experiment), "
         f"[`summary.csv`]({assets}/summary.csv) (the tables above), [`run.json`]({assets}/run.json).", ""])
+
+
+def sampled_section(summary: list[dict[str, str]]) -> list[str]:
+    """The sampled episodes' success (pass@1: eval.samples per test game at the eval temperature,
+    averaged per game) of RL and SFT: a greedy policy can loop where sampling gets out. Nothing for a
+    summary.csv written before these columns."""
+    if not summary or "rl in-domain sampled mean" not in summary[0]:
+        return []
+    rl_header, rl_rows = summary_rows(summary, ["rl in-domain sampled", "rl ood sampled"])
+    sft_header, sft_rows = summary_rows(summary, ["sft in-domain sampled", "sft ood sampled"])
+    return ["## Sampled episodes (pass@1, %)", "",
+            "The same policies' sampled test episodes (eval.samples per game at the eval temperature; pass@1 "
+            "is the share won, averaged per game); the pooled Wilson interval counts test games.", "",
+            _md_table(rl_header, rl_rows), "", _md_table(sft_header, sft_rows), ""]
 
 
 def write_page(folder: str | Path, out: str | Path, title: str, claim: str, verdict: str) -> Path:

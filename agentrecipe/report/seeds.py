@@ -2,7 +2,8 @@
 
 A sweep with `seed=0,1,2` has one experiment per (setting, seed). `summarise` groups the
 experiments that differ only in `seed` and gives, per policy cell (rl and sft, in-domain and
-out-of-domain greedy success), two intervals that answer different questions:
+out-of-domain, greedy success and the sampled episodes' pass@1), two intervals that answer
+different questions:
 
 - across seeds: mean of the per-seed success rates with Student's t interval,
       mean +- t_{0.975, n-1} * s / sqrt(n)      (s: sample standard deviation, n seeds)
@@ -26,8 +27,14 @@ from agentrecipe.eval.metrics import mean_interval, wilson_interval
 from agentrecipe.report.tables import pct
 
 SEED_KEY = "seed"
-CELLS = {"rl in-domain": "rl.in_domain", "rl ood": "rl.ood", "sft in-domain": "sft.in_domain", "sft ood": "sft.ood"}
-"""Summary column -> metrics prefix (`<prefix>.success`, `<prefix>.n` from evaluation)."""
+CELLS = {"rl in-domain": ("rl.in_domain", "success"), "rl ood": ("rl.ood", "success"),
+         "sft in-domain": ("sft.in_domain", "success"), "sft ood": ("sft.ood", "success"),
+         "rl in-domain sampled": ("rl.in_domain", "pass@1"), "rl ood sampled": ("rl.ood", "pass@1"),
+         "sft in-domain sampled": ("sft.in_domain", "pass@1"), "sft ood sampled": ("sft.ood", "pass@1")}
+"""Summary column -> (metrics prefix, metric) from evaluation: greedy `success`, and `pass@1`, the
+success of the sampled episodes (eval.samples per test game, averaged per game). `<prefix>.n` is
+the number of test games; a sampled cell is pooled over those (each game's rate weighted by one
+game), so its Wilson interval counts games, not sampled episodes."""
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """(mean, low, high): Student's t 95% interval of the mean, clipped to [0, 1]; nan bounds for one value."""
@@ -61,13 +68,14 @@ def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, An
         summary: dict[str, Any] = {**dict(zip(keys, setting)),
                                    "seeds": " ".join(str(r.get(SEED_KEY, "")) for r in done),
                                    "missing": " ".join(r["experiment"] for r in members if r["state"] != "success")}
-        for column, prefix in CELLS.items():
-            measured = [_is_number(r.get(f"{prefix}.success")) for r in done]
+        for column, (prefix, metric) in CELLS.items():
+            key = f"{prefix}.{metric}"
+            measured = [_is_number(r.get(key)) for r in done]
             have = [r for r, m in zip(done, measured) if m]
-            rates = [float(r[f"{prefix}.success"]) for r in have]
-            per_seed = [float(r[f"{prefix}.success"]) if m else math.nan for r, m in zip(done, measured)] if have else []
+            rates = [float(r[key]) for r in have]
+            per_seed = [float(r[key]) if m else math.nan for r, m in zip(done, measured)] if have else []
             n = sum(int(r.get(f"{prefix}.n") or 0) for r in have)
-            wins = round(sum(float(r[f"{prefix}.success"]) * int(r.get(f"{prefix}.n") or 0) for r in have))
+            wins = round(sum(float(r[key]) * int(r.get(f"{prefix}.n") or 0) for r in have))
             mean, low, high = t_interval(rates) if rates else (math.nan,) * 3
             p_low, p_high = wilson_interval(wins, n) if n else (math.nan, math.nan)
             summary.update({f"{column} mean": mean, f"{column} low": low, f"{column} high": high,
