@@ -28,10 +28,12 @@ def turn_rewards(
         then     r_n -= step_penalty + invalid_penalty * 1[invalid_n]
 
     where d_n is the game's score change on turn n and S_max the game's max
-    score. With `normalize`, the dense rewards of a won game sum to its final
-    score / S_max (before penalties): 1 where winning means reaching the max score
-    (TextWorld, ALFWorld, ScienceWorld, TextCraft), the same scale as the sparse
-    reward; on BabyAI, whose score is its own reward 1 - 0.9 steps / max_steps, less.
+    score. With `normalize`, the dense rewards of a won game sum to (its final
+    score - its score at the start) / S_max (before penalties): 1 where winning
+    means reaching the max score from 0 (TextWorld, ALFWorld, TextCraft, most
+    ScienceWorld games), the same scale as the sparse reward; less on a
+    ScienceWorld game that scores at the start (0.92 on find-non-living-thing
+    variation 0) and on BabyAI, whose score is its own reward 1 - 0.9 steps / max_steps.
 
     Args:
         score_deltas: (N,) raw score change of each turn.

@@ -490,7 +490,7 @@ def command_line(preset: str | None, overrides: list[str] | None, jobs: int, nam
 def machine() -> str:
     """Cores, memory, platform and torch's CPU kernels (AVX2, AVX512, ...) of this machine, in a line.
     Two RL runs of one seed on one machine give the same weights (tests/test_rl.py); the same point
-    rerun on another host won one test game more or less (docs/results/algo_x_reward.md)."""
+    rerun on another host won one test game more or less (docs/results/algo_x_reward/tw_simple.md)."""
     import torch
 
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 TIMINGS_DIR = Path("data/timings")
-"""Each stage's wall time, `<stage>.json`, read by the report (written on rank 0 when the stage exits)."""
+"""Each stage's wall time, `<stage>.json`, read by the report: written on rank 0 when the stage exits,
+and only when DVC runs it (DVC sets DVC_STAGE), as the files are the stages' DVC outputs; a stage run
+by hand or by a test leaves the pipeline's files alone."""
 
 
 def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
@@ -39,7 +41,7 @@ def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
 
 def _record_wall_time() -> None:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is None or not spec.name.startswith("stages.") or not is_rank0():
+    if spec is None or not spec.name.startswith("stages.") or not is_rank0() or "DVC_STAGE" not in os.environ:
         return
     name, start = spec.name.split(".", 1)[1], time.time()
 

@@ -109,3 +109,19 @@ def test_the_stage_times_in_the_report_travel_with_their_stages():
         timing = f"{TIMINGS_DIR}/{stage}.json"
         assert timing in paths(STAGES[stage]["outs"]) and timing in STAGES["report"]["deps"], stage
     assert "params" in STAGES["report"]["deps"]  # the defaults the report diffs params.yaml against
+
+
+def test_a_stage_run_outside_dvc_leaves_the_pipelines_times_alone(tmp_path, subprocess_env):
+    """The times are DVC outputs: only a stage DVC runs (DVC_STAGE set) writes one. Before, the tests
+    that run stages from the project root rewrote data/timings/*.json there, and DVC then saw
+    build_envs, sft and evaluate as changed."""
+    import subprocess
+    import sys
+
+    env = {**subprocess_env, "PYTHONPATH": str(ROOT)}
+    env.pop("DVC_STAGE", None)
+    for stage_env in (env, {**env, "DVC_STAGE": "validate"}):
+        subprocess.run([sys.executable, "-m", "stages.validate", "--params", str(ROOT / "params.yaml"), "--out",
+                        str(tmp_path / "validated")], cwd=tmp_path, env=stage_env, check=True, capture_output=True)
+        written = (tmp_path / "data" / "timings" / "validate.json").exists()
+        assert written == ("DVC_STAGE" in stage_env)

@@ -45,7 +45,9 @@ def test_dense_reward_on_games_that_score_only_at_the_win_warns():
     assert reward_density_warning(["pick_and_place_simple-r4-d1"], alfworld, "dense") is None
     from agentrecipe.envs import babyai  # scores at the win only: warned about (it was not)
 
-    assert "GoToRedBall" in reward_density_warning(["GoToRedBall"], babyai, "dense")
+    warning = reward_density_warning(["GoToRedBall"], babyai, "dense")
+    assert "GoToRedBall" in warning and "textworld" not in warning  # each family's own hint, if any
+    assert "env=textworld_quests" in reward_density_warning(["w2-o3-q4"], textworld_env, "dense")
 
 
 def test_micro_shrinks_sizes_but_leaves_the_env_group_to_the_command_line():

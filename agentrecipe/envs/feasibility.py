@@ -70,14 +70,15 @@ def reward_density_warning(levels: list[str], family, reward_mode: str) -> str |
     """A message when dense reward is asked for on levels where it equals sparse.
 
     A family says whether a level's score can move before the game is won through an optional
-    ``intermediate_reward(level) -> bool``; families without it are not checked."""
+    ``intermediate_reward(level) -> bool``; families without it are not checked. Its optional
+    ``DENSE_HINT`` names its levels whose score does move."""
     judge = getattr(family, "intermediate_reward", None)
     if reward_mode != "dense" or judge is None:
         return None
     flat = [lvl for lvl in levels if not judge(lvl)]
     if not flat:
         return None
+    hint = getattr(family, "DENSE_HINT", "")
     return (f"warning: reward=dense on {', '.join(flat)}: the score of these games only changes when the game "
-            f"is won, so dense reward equals sparse there (BabyAI's: sparse scaled by how fast the game was "
-            f"won). Use games whose score moves along the way "
-            f"(-S env=textworld_quests: custom games of two quests; -S env=textworld_dense: tw-simple / cooking).")
+            f"is won, so dense reward equals sparse there (up to the size of the win's score)."
+            f"{' ' + hint if hint else ''}")

@@ -7,7 +7,10 @@ Levels (see params/env/textworld.yaml):
   default breadth 1-5 gives another game for 8 of 20 seeds of w2-o3-q4). With ``-pP`` (P >= 2)
   the game has P such quests (TextWorld's parallel quests), each worth 1 point, one after the
   other in the objective: the score moves as each is done and the game is won when all are
-  (max score P, a walkthrough of P x Q actions), so dense reward differs from sparse there;
+  (max score P, a walkthrough of up to P x Q actions: the planner drops a move a later quest
+  does not need, 3 actions in 14 of 40 w2-o3-q2-p2 games), so dense reward differs from sparse;
+  each later quest's win event carries the earlier quests' actions, so a long P x Q does not
+  compile (w1-o0-q40-p2: "Too much text in quotation marks"; w2-o3-q30-p2 and q10-p4 do);
   without it the max score is 1 and the score only moves at the win;
 - ``simple[-R][-G]``: ``tw-make tw-simple --rewards R --goal G`` (R dense|balanced|sparse,
   default dense; G detailed|brief|none, default detailed), test games with ``--test``;
@@ -122,6 +125,11 @@ def level_from_metadata(metadata: dict[str, Any]) -> str | None:
             return None
         return name if all(settings.get(k, v) == v for k, v in defaults.items() if k not in ("recipe", "take", "go", "split")) else None
     return None
+
+
+DENSE_HINT = ("Use games whose score moves along the way (-S env=textworld_quests: custom games of two quests; "
+              "-S env=textworld_dense: tw-simple / cooking).")
+"""What the reward-density warning suggests (`agentrecipe.envs.feasibility`)."""
 
 
 def intermediate_reward(name: str) -> bool:

@@ -259,9 +259,9 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
 def sampled_section(summary: list[dict[str, str]]) -> list[str]:
     """The sampled episodes' success (pass@1: eval.samples per test game at the eval temperature,
     averaged per game) of RL and SFT: a greedy policy can loop where sampling gets out. Nothing for a
-    summary.csv written before these columns."""
-    if not summary or "rl in-domain sampled mean" not in summary[0]:
-        return []
+    summary.csv written before these columns, nor for a sweep evaluated without pass@1."""
+    if not any(s.get(f"{c} sampled episodes") not in (None, "", "0") for s in summary for c in ("rl in-domain", "sft in-domain")):
+        return []  # written before these columns, or evaluated without sampled episodes (no pass@1)
     rl_header, rl_rows = summary_rows(summary, ["rl in-domain sampled", "rl ood sampled"])
     sft_header, sft_rows = summary_rows(summary, ["sft in-domain sampled", "sft ood sampled"])
     return ["## Sampled episodes (pass@1, %)", "",
