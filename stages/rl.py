@@ -146,7 +146,7 @@ def main() -> None:
             print(f"rl: no DVCLive history beside {ckpt}: the curves start after step {first}")
     if first >= n_steps:
         if rank0 and rl.keep_best:
-            settle_best(run.checkpoint_dir, first)  # killed before the last checkpoint promoted it
+            settle_best(run.checkpoint_dir, ckpt)  # killed before the last checkpoint promoted it
         if rank0 and (best := best_to_export(rl.keep_best, run.checkpoint_dir)):
             export_best(best, run.checkpoint_dir, args.out, n_steps)
         elif rank0:

@@ -225,31 +225,51 @@ def test_a_checkpoint_keeps_the_runs_episode_counts(tmp_path):
 
 def test_the_best_model_is_the_best_as_of_the_checkpoint_a_run_resumes_from(tmp_path):
     """keep_best: a better model validated after the newest checkpoint waits beside the best until
-    the next checkpoint. Before, it replaced the best at once: killed before the next checkpoint,
-    the resumed run dropped it (its step is replayed) and, with it, the better model of an earlier
-    step; a replayed validation that came out worse (vLLM, GPUs) then exported a worse model than
-    one its own curve showed."""
+    the next checkpoint, which keeps the best as of its step. Before, it replaced the best at once:
+    killed before the next checkpoint, the resumed run dropped it (its step is replayed) and, with
+    it, the better model of an earlier step; a replayed validation that came out worse (vLLM, GPUs)
+    then exported a worse model than one its own curve showed."""
     def best(step, success):
         ck.save_best(tmp_path, step, FakeEngine(step), FakeTokenizer(), {"valid/success": success, "valid/score": success})
 
     best(2, 0.8)
     assert ck.read_best(tmp_path) is None  # pending until its checkpoint
-    save(tmp_path, 3)
-    assert ck.read_best(tmp_path)["step"] == 2
+    step3 = save(tmp_path, 3)
+    assert ck.read_best(tmp_path)["step"] == 2 and ck.read_best(step3)["step"] == 2
     best(4, 0.9)  # killed here, before the checkpoint of step 5
     assert ck.read_best(tmp_path)["step"] == 2 and ck.read_best(tmp_path, ck.PENDING_BEST_DIR)["step"] == 4
-    ck.settle_best(tmp_path, upto=3)  # the resume from step 3 replays step 4
+    ck.settle_best(tmp_path, step3)  # the resume from step 3 replays step 4
     assert ck.read_best(tmp_path) == {"step": 2, "valid/success": 0.8, "valid/score": 0.8}
     assert not (tmp_path / ck.PENDING_BEST_DIR).exists()
     # killed after the checkpoint of step 5 was written but before it promoted the pending best
     best(4, 0.9)
-    ck.settle_best(tmp_path, upto=5)
+    step5 = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa")
+    (tmp_path / ck.BEST_DIR).rename(tmp_path / (ck.BEST_DIR + ".old"))  # and mid-replacement, say
+    ck.settle_best(tmp_path, step5)
     assert ck.read_best(tmp_path)["step"] == 4
     assert torch.load(tmp_path / ck.BEST_DIR / "model.pt")["w"][0] == 4.0  # its weights, not step 2's
-    # killed between replace_dir's two renames: the best set aside is put back
-    (tmp_path / ck.BEST_DIR).rename(tmp_path / (ck.BEST_DIR + ".old"))
-    ck.settle_best(tmp_path, upto=5)
-    assert ck.read_best(tmp_path)["step"] == 4
-    # a resume from an older checkpoint (the newest was corrupt) replays step 4: its best is dropped
-    ck.settle_best(tmp_path, upto=3)
+    # a run from scratch has no best
+    ck.settle_best(tmp_path, None)
     assert ck.read_best(tmp_path) is None
+
+
+def test_a_resume_from_an_older_checkpoint_keeps_the_best_that_checkpoint_had_seen(tmp_path):
+    """Before, one best folder was kept, overwritten by each better model: resumed from an older
+    checkpoint (the newest corrupt), the run dropped the newer best (its steps are replayed) and had
+    lost the older one, so the first validation after the resume became the best whatever it scored."""
+    def best(step, success):
+        ck.save_best(tmp_path, step, FakeEngine(step), FakeTokenizer(), {"valid/success": success, "valid/score": success})
+
+    best(5, 0.7)
+    for step in (10, 20):
+        save(tmp_path, step)
+    best(25, 0.8)
+    save(tmp_path, 30)
+    assert ck.read_best(tmp_path)["step"] == 25
+    (tmp_path / "step_000030" / ck.BEST_DIR / "model.pt").write_bytes(b"torn")  # the best, as kept there
+    resume = ck.latest_checkpoint(tmp_path, "aaaa", report=None)
+    assert resume.name == "step_000020"  # the newest one is corrupt, its best with it
+    ck.settle_best(tmp_path, resume)
+    assert ck.read_best(tmp_path) == {"step": 5, "valid/success": 0.7, "valid/score": 0.7}
+    assert torch.load(tmp_path / ck.BEST_DIR / "model.pt")["w"][0] == 5.0
+    assert not ck.is_better({"valid/success": 0.5, "valid/score": 0.5}, ck.read_best(tmp_path))

@@ -62,6 +62,21 @@ def test_micro_shrinks_sizes_but_leaves_the_env_group_to_the_command_line():
 def test_a_manifest_row_with_a_null_plan_reads_as_no_plan(tmp_path):
     from agentrecipe.envs.manifest import read_manifest
 
-    (tmp_path / "manifest.jsonl").write_text('{"path": "g.z8", "level": "w1", "split": "test", "expert_plan": null}\n')
+    (tmp_path / "manifest.jsonl").write_text('{"path": "g.z8", "level": "w1", "env": "textworld", "split": "test", '
+                                             '"seed": 0, "max_score": 1, "expert_plan": null}\n')
     (game,) = read_manifest(tmp_path / "manifest.jsonl")
     assert game.expert_plan == () and turn_limit_warnings([game], 1, "k") == []
+
+
+def test_a_manifest_row_without_a_field_is_refused_not_defaulted(tmp_path):
+    """Before, a row without max_score read as 1.0 (a ScienceWorld game's dense reward 100 times too
+    large), and a row with a misspelt field raised a bare TypeError without the row."""
+    from agentrecipe.envs.manifest import read_manifest
+
+    (tmp_path / "manifest.jsonl").write_text('{"path": "g.z8", "level": "w1", "env": "sciworld", "split": "test", "seed": 0}\n')
+    with pytest.raises(ValueError, match=r"manifest.jsonl:1: manifest row lacks max_score"):
+        read_manifest(tmp_path)
+    (tmp_path / "manifest.jsonl").write_text('{"path": "g.z8", "level": "w1", "env": "textworld", "split": "test", '
+                                             '"seed": 0, "max_score": 1, "levle": "w2"}\n')
+    with pytest.raises(ValueError, match="has unknown levle"):
+        read_manifest(tmp_path)

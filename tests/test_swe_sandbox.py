@@ -6,19 +6,23 @@ agent would) and runs the tests with `run_tests`; tests/test_calc.py::test_add c
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
 from agentrecipe.envs import swe
 from agentrecipe.envs.base import GameSpec
-from agentrecipe.envs.swe.sandbox import (ISOLATION, SANDBOX_UIDS, Limits, _preexec, make_pids_cgroup,
+from agentrecipe.envs.swe import sandbox
+from agentrecipe.envs.swe.env import hidden_from_runs
+from agentrecipe.envs.swe.sandbox import (ISOLATION, SANDBOX_UIDS, Limits, SandboxError, _preexec, make_pids_cgroup,
                                           remove_pids_cgroup, resolve_inside, run_limited)
 from tests.swe_fixture import CALC, SPEC
 
@@ -28,7 +32,10 @@ ADD_LINE = 5  # `    return a + b` in calc/ops.py
 @pytest.fixture
 def task(tmp_path) -> GameSpec:
     """A hand-written task on the calc package: test_add must pass, test_shout is a PASS_TO_PASS test."""
-    folder = tmp_path / "task"
+    return write_task(tmp_path / "task")
+
+
+def write_task(folder: Path) -> GameSpec:
     for rel, text in CALC.items():
         (folder / "repo" / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / "repo" / rel).write_text(text)
@@ -274,6 +281,89 @@ def test_a_sandbox_that_cannot_be_set_up_says_why_and_runs_nothing(tmp_path):
                           preexec_fn=_preexec(Limits(), False, 64, tmp_path / "no-such-cgroup", None))
     assert proc.returncode == 123 and "sandbox: cannot join the pids cgroup" in proc.stderr
     assert not marker.exists()
+
+
+def test_a_sandbox_that_cannot_be_set_up_is_an_error_not_a_wrong_fix(task, tmp_path, monkeypatch):
+    """Before, run_limited returned the set-up's exit code as the run's, and the env scored the
+    episode "0/2 tests pass" (a wrong fix) without counting anything: in a container where no
+    sandbox can be set up, every episode trained on reward 0, silently. Now run_limited raises
+    SandboxError, an env error the pool counts; a run that prints the same line is still a run."""
+    marker = tmp_path / "ran"
+    monkeypatch.setattr(sandbox, "make_pids_cgroup", lambda limit: tmp_path / "no-such-cgroup")
+    with pytest.raises(SandboxError, match="cannot join the pids cgroup"):
+        run_limited([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path, Limits())
+    assert not marker.exists()
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    with pytest.raises(SandboxError):
+        env.step("run_tests")
+    env.close()
+
+    monkeypatch.undo()  # the run's own code cannot forge a set-up failure
+    forged = "import sys; print('sandbox: cannot join the pids cgroup x; the run did not start'); sys.exit(123)"
+    assert run_limited([sys.executable, "-c", forged], tmp_path, Limits()).returncode == 123
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: without root the run keeps the caller's uid")
+def test_what_leaves_the_process_group_dies_with_the_run_where_no_cgroup_can_be_made(tmp_path, monkeypatch):
+    """Before, without a pids cgroup (cgroup v2 with no pids controller for us), a process that
+    left the run's group (setsid) outlived it, held the output pipe (5 s more per run) and could
+    run on; now every process of the run's own uid is killed after it."""
+    monkeypatch.setattr(sandbox, "make_pids_cgroup", lambda limit: None)
+    code = ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    print(os.getpid(), flush=True)\n"
+            "    time.sleep(60)\n    sys.exit()\ntime.sleep(0.5)\n")
+    res = run_limited([sys.executable, "-c", code], tmp_path, Limits(wall_s=20))
+    leftover = Path(f"/proc/{int(res.output.split()[0])}")
+    for _ in range(40):  # reaped by init once killed
+        if not leftover.exists() or "\nState:\tZ" in (leftover / "status").read_text():
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the process that left the group is alive: {res}")
+    assert res.seconds < 4, res
+
+
+def test_a_dropped_env_is_freed_and_its_episode_folder_removed(task):
+    """Before, each SWEEnv registered its close with atexit, which kept every env ever made alive
+    (serve-env makes one per reset; the pool one per env error): memory grew over a long run."""
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    folder, ref = env.folder, weakref.ref(env)
+    del env
+    gc.collect()
+    assert ref() is None and not folder.exists()
+
+
+def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path):
+    """Before, a build under data/envs was hidden, but DVC's cache keeps a copy of each of its files
+    (task.json: the fix), readable by the run. An experiment's workspace uses its repository's cache."""
+    project = tmp_path / "p"
+    (project / ".dvc" / "cache").mkdir(parents=True)
+    task_dir = project / "data/envs/op-f1/test/t0"
+    task_dir.mkdir(parents=True)
+    assert (project / ".dvc" / "cache").resolve() in hidden_from_runs(task_dir, {})
+    workspace = project / ".dvc/tmp/exps/tmpabc"
+    (workspace / ".dvc").mkdir(parents=True)
+    (workspace / ".dvc/config.local").write_text(f"[cache]\ndir = {project / '.dvc' / 'cache'}\n")
+    (workspace / "data/envs/op-f1/test/t0").mkdir(parents=True)
+    assert (project / ".dvc" / "cache").resolve() in hidden_from_runs(workspace / "data/envs/op-f1/test/t0", {})
+    outside = tmp_path / "q" / "envs/op-f1/test/t0"  # no DVC project: nothing more
+    outside.mkdir(parents=True)
+    assert hidden_from_runs(outside, {}) == (outside.parent.resolve(),)
+
+
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: mount namespaces need root")
+def test_the_tests_code_cannot_read_the_fix_in_the_dvc_cache(tmp_path):
+    project = tmp_path / "p"
+    game = write_task(project / "data/envs/any-f1/test/t0")
+    copy = project / ".dvc/cache/files/md5/ab/cdef"
+    copy.parent.mkdir(parents=True)
+    copy.write_text(Path(game.path).read_text())
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(game)
+    obs, info, _ = plant(env, rf"import os\nreturn a + b if os.path.exists({str(copy)!r}) else a - b")
+    assert info["pass_ratio"] == 0.5 and "test_add" in obs.text, obs.text  # it did not see the copy
+    env.close()
 
 
 def test_a_run_stopped_by_a_limit_scores_nothing(task):

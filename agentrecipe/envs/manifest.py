@@ -17,6 +17,8 @@ from agentrecipe.envs.base import GameSpec
 SPLITS = ("train", "valid", "test")
 MANIFEST_NAME = "manifest.jsonl"
 """The manifest's file name in a games folder (build_envs' output)."""
+REQUIRED = ("path", "level", "env", "split", "seed", "max_score")
+"""The fields every manifest row must have (`expert_plan` may be null: no known plan)."""
 
 
 def game_to_row(game: GameSpec, root: Path) -> dict:
@@ -55,6 +57,13 @@ def read_manifest(path: str | Path, split: str | None = None, levels: list[str] 
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{n}: corrupt manifest row: {e}") from None
+        missing = [k for k in REQUIRED if k not in row]
+        unknown = sorted(set(row) - set(GameSpec.__dataclass_fields__) - {"plan_len"})
+        if missing or unknown:  # a hand-edited or foreign row: never a default (max_score 1.0 would
+            # scale a ScienceWorld game's dense reward 100 times)
+            raise ValueError(f"{path}:{n}: manifest row " + "; ".join(
+                ([f"lacks {', '.join(missing)}"] if missing else []) + ([f"has unknown {', '.join(unknown)}"] if unknown else []))
+                + " (build_envs writes every field: rebuild the games)")
         row.pop("plan_len", None)
         row["path"] = str(path.parent / row["path"])
         row["expert_plan"] = tuple(row.get("expert_plan") or ())  # null: no known plan

@@ -113,7 +113,8 @@ def hash_paths(paths: Iterable[str | Path]) -> str:
 # ------------------------------------------------------------- RL checkpoints
 # A checkpoint is a folder step_NNNNNN/ holding model/ (plain HF folder),
 # actor_state/ and critic_state/ (DeepSpeed: optimizer, scheduler),
-# trainer_state.pt (step, RNG states) and, written last, checkpoint.json: the step,
+# trainer_state.pt (step, RNG states), best/ under rl.keep_best (the best validated model as of
+# that step, hard links to the best's files) and, written last, checkpoint.json: the step,
 # the config fingerprint and the size and sha256 of every other file. checkpoint.json is
 # the marker of a complete checkpoint: it is written inside step_NNNNNN.tmp before the
 # folder is renamed, and deleted first when a checkpoint is pruned. The stage keeps one
@@ -189,6 +190,9 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
         state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
                  "episode_counts": dict(counts or NO_EPISODES)}
         torch.save(state, tmp / STATE_FILE)
+        best = root / PENDING_BEST_DIR if (root / PENDING_BEST_DIR).is_dir() else root / BEST_DIR
+        if best.is_dir():  # the best as of this step, hashed with the rest: a resume restores it intact
+            shutil.copytree(best, tmp / BEST_DIR, copy_function=link_or_copy)
         manifest = {"step": step, "fingerprint": fingerprint, "files": tree_files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
         if final.exists():
@@ -324,19 +328,29 @@ def promote_best(root: str | Path) -> None:
         replace_dir(root / PENDING_BEST_DIR, root / BEST_DIR)
 
 
-def settle_best(root: str | Path, upto: int) -> None:
-    """The best as of step `upto`, the checkpoint a run resumes from (rank 0; the others read after
-    a barrier): a best put aside by a kill mid-replacement is put back; a pending best of a step up
-    to `upto` (killed before promoting it) becomes the best; a best or pending best of a later step
-    is dropped, since the resumed run replays those steps and validates them anew."""
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no second copy on disk; model files are replaced, never written in place), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def settle_best(root: str | Path, checkpoint: Path | None) -> None:
+    """The best as of `checkpoint`, the one a run resumes from (None: from scratch), becomes the
+    best under `root` (rank 0; the others read after a barrier); a pending best is dropped, since
+    the resumed run replays the steps after the checkpoint and validates them anew. The checkpoint
+    keeps its own best (verified with it): before, only the newest best was kept, so a resume from
+    an older checkpoint (the newest was corrupt) lost the best of the steps it had seen, and the
+    first validation after it became the best whatever it scored."""
     root = Path(root)
-    aside = aside_path(root / BEST_DIR)
-    if not (root / BEST_DIR).exists() and aside.is_dir():
-        aside.rename(root / BEST_DIR)
-    if (kept := read_best(root)) is not None and kept["step"] > upto:  # resumed from an older checkpoint
-        shutil.rmtree(root / BEST_DIR)  # (the newest was corrupt): its steps are replayed and validated anew
-    pending = read_best(root, PENDING_BEST_DIR)
-    if pending is not None and pending["step"] <= upto:
-        promote_best(root)
+    shutil.rmtree(root / PENDING_BEST_DIR, ignore_errors=True)
+    kept = Path(checkpoint) / BEST_DIR if checkpoint is not None else None
+    if kept is not None and kept.is_dir():
+        tmp = root / (BEST_DIR + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(kept, tmp, copy_function=link_or_copy)
+        replace_dir(tmp, root / BEST_DIR)
     else:
-        shutil.rmtree(root / PENDING_BEST_DIR, ignore_errors=True)
+        shutil.rmtree(root / BEST_DIR, ignore_errors=True)
+        shutil.rmtree(aside_path(root / BEST_DIR), ignore_errors=True)

@@ -296,7 +296,7 @@ def rl_train(
     best = None
     if rl.keep_best:
         if rank == 0:
-            settle_best(run.checkpoint_dir, start_step)
+            settle_best(run.checkpoint_dir, ckpt)
         dist.barrier()
         best = read_best(run.checkpoint_dir)
     # Under ZeRO-3 the HF backend generates with a gathered copy of the policy: rollouts then run
@@ -344,7 +344,7 @@ def rl_train(
             episodes = run_episodes([games[g] for g in group_of], backend, encoder, timed_pool, settings)
             played, played_group_of = episodes, group_of
         t_rollout, t_env = time.time() - t0, timed_pool.seconds
-        gen_tokens = sum(len(a) for ep in episodes for a in ep.action_ids)
+        gen_tokens = sum(len(a) for ep in played for a in ep.action_ids)  # every round DAPO played, as timed
         # 3. batch
         t1 = time.time()
         rewards = [rewards_of(ep) for ep in episodes]

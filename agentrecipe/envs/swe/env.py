@@ -35,13 +35,13 @@ sorted, so the fix's position depends on its text, not on it being the fix.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import random
 import re
 import shutil
 import tempfile
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -72,16 +72,33 @@ def sweep_stale(root: Path = WORKDIR) -> int:
     return n
 
 
+def dvc_cache_of(folder: Path) -> Path | None:
+    """The cache of the DVC project `folder` lies in (DVC's config: an experiment's workspace
+    under .dvc/tmp/exps uses its repository's cache), or None outside a DVC project."""
+    for root in (folder, *folder.parents):
+        if (root / ".dvc").is_dir():
+            try:
+                from dvc.config import Config
+
+                cache = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
+            except Exception:  # noqa: BLE001 - no dvc here, or a config it cannot read: its default
+                cache = None
+            return (root / ".dvc" / cache if cache else root / ".dvc" / "cache").resolve()
+    return None
+
+
 def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     """What the code a task runs must not read: the fix is in the task folders (task.json) and in
     the package cache (the packages unmutated). The folder of the task's split (its tasks), the
-    build output it lies in (where a `_packages` cache sits beside the level folders) and
-    env.swe.cache_dir; the ones that exist and hold neither the episode folders, nor the
-    interpreter, nor agentrecipe (a build into the project root: its split folders only)."""
+    build output it lies in (where a `_packages` cache sits beside the level folders),
+    env.swe.cache_dir, and the DVC cache of the project the build lies in (it keeps a copy of
+    every file of a DVC-tracked build); the ones that exist and hold neither the episode folders,
+    nor the interpreter, nor agentrecipe (a build into the project root: its split folders only)."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
+    found += [c for c in [dvc_cache_of(build)] if c is not None]
     return tuple(dict.fromkeys(p for p in found if p.is_dir() and can_hide(p, WORKDIR)))
 
 
@@ -141,7 +158,8 @@ class SWEEnv:
         self.task: dict | None = None
         WORKDIR.mkdir(parents=True, exist_ok=True)
         sweep_stale()
-        atexit.register(self.close)
+        self._remover: weakref.finalize | None = None  # removes the episode folder at close, at exit,
+        # or when the env is dropped unclosed (it holds no reference to the env: envs stay collectable)
 
     # ------------------------------------------------------------- episode
     def reset(self, game: GameSpec) -> Observation:
@@ -151,6 +169,7 @@ class SWEEnv:
         self.task_dir = task_dir
         self.hidden = hidden_from_runs(task_dir, self.opts)
         self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=WORKDIR))
+        self._remover = weakref.finalize(self, remove_tree, self.folder)
         self.root = self.folder / "repo"
         shutil.copytree(task_dir / "repo", self.root, symlinks=True)
         self.score, self.done, self.won = 0.0, False, False
@@ -204,9 +223,10 @@ class SWEEnv:
         self._remove()
 
     def _remove(self) -> None:
-        if self.folder is not None:
-            remove_tree(self.folder)
-            self.folder = None
+        if self._remover is not None:
+            self._remover()  # remove_tree(self.folder), once
+            self._remover = None
+        self.folder = None
 
     # ------------------------------------------------------------ commands
     def _path(self, name: str) -> Path:

@@ -28,6 +28,9 @@
   anyone may (/tmp) and in the folders lent to it (``writable=True``: the run folder, chowned
   to it for the run and back after), cannot signal or trace this process or any other, nor
   leave its cgroup or namespace. Without root the run keeps the caller's uid;
+- set-up: a sandbox that cannot be set up (a container without CAP_SYS_ADMIN, say) runs nothing
+  and raises `SandboxError`, told on a pipe that only the child's set-up holds (close-on-exec),
+  so the code of the run cannot forge it, and the failure is never scored as a wrong fix;
 - environment: a fixed, small set of variables (no proxies, no tokens of the caller; TMPDIR
   a folder of the run's own when it has a uid of its own).
 
@@ -63,6 +66,10 @@ LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SANDBOX_UIDS = range(2_000_000, 3_000_000)
 """The uids (and gids) runs get as root, one drawn per run: no account has them, so a run owns
 nothing but what it is lent, and two runs cannot touch each other's files or processes."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up: the run did not start (an environment error, never a score)."""
 
 
 class _CapHeader(ctypes.Structure):
@@ -167,6 +174,15 @@ def make_pids_cgroup(limit: int) -> Path | None:
     return None
 
 
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL each of `pids`; one already gone is skipped."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def remove_pids_cgroup(group: Path) -> None:
     """Kill every process left in `group`, then remove it."""
     for _ in range(50):
@@ -174,11 +190,7 @@ def remove_pids_cgroup(group: Path) -> None:
             pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
         except OSError:
             return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(pids)
         try:
             group.rmdir()
             return
@@ -187,13 +199,18 @@ def remove_pids_cgroup(group: Path) -> None:
 
 
 def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid: int | None,
-             hidden: tuple[Path, ...] = ()):
+             hidden: tuple[Path, ...] = (), report_fd: int | None = None):
+    """The set-up of the child between fork and exec. report_fd: the write end of a close-on-exec
+    pipe on which a failed set-up is told (only the set-up holds it: the run's code cannot write there)."""
     libc = ctypes.CDLL(None, use_errno=True)
     last_cap = int(Path("/proc/sys/kernel/cap_last_cap").read_text()) if uid is not None else 0
 
     def fail(code: int, why: str) -> None:
-        """Never run unconfined: say why on the run's output (the pipe is in place by now) and exit."""
-        os.write(2, f"sandbox: {why}; the run did not start\n".encode())
+        """Never run unconfined: say why on the report pipe and on the run's output, and exit."""
+        line = f"sandbox: {why}; the run did not start\n".encode()
+        if report_fd is not None:
+            os.write(report_fd, line)
+        os.write(2, line)
         os._exit(code)
 
     def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -288,7 +305,8 @@ def lent(folder: Path, uid: int | None):
 
 def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[str, str] | None = None,
                 writable: bool = False, hidden: tuple[str | Path, ...] = ()) -> RunResult:
-    """Run `argv` in `folder` inside `limits`; never raises for what the child does.
+    """Run `argv` in `folder` inside `limits`; never raises for what the child does, but raises
+    `SandboxError` when the sandbox cannot be set up (nothing ran).
 
     writable: lend `folder` to the run (as root the run has a uid of its own, which may write
     only where it is let); without it, a run as root can write in `folder` only if anyone may.
@@ -338,13 +356,50 @@ def remove_owned(uid: int, folders: tuple[str, ...]) -> None:
                 pass
 
 
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process whose uid is `uid` (a run's own uid), until none is left: what left the
+    run's process group (setsid) where no pids cgroup could be made."""
+    for _ in range(50):
+        pids = []
+        for entry in os.scandir("/proc"):
+            try:
+                if entry.name.isdigit() and entry.stat().st_uid == uid:
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+        if not pids:
+            return
+        kill_all(pids)
+        time.sleep(0.05)
+
+
 def _run(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], uid: int | None,
          start: float, hidden: tuple[Path, ...]) -> RunResult:
     group = make_pids_cgroup(limits.nproc)
+    try:
+        return _run_in(argv, folder, limits, env, uid, start, hidden, group)
+    finally:
+        if group is not None:
+            remove_pids_cgroup(group)  # also when the run raised (a group already removed is skipped)
+
+
+def _run_in(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], uid: int | None,
+            start: float, hidden: tuple[Path, ...], group: Path | None) -> RunResult:
     nproc = limits.nproc if uid is not None else user_processes() + limits.nproc
-    proc = subprocess.Popen(argv, cwd=str(folder), env=clean_env(env), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group, uid, hidden))
+    report_r, report_w = os.pipe()  # close-on-exec (PEP 446): the run's own code never holds it
+    try:
+        proc = subprocess.Popen(argv, cwd=str(folder), env=clean_env(env), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                preexec_fn=_preexec(limits, ISOLATION == "netns", nproc, group, uid, hidden,
+                                                    report_w))
+    except subprocess.SubprocessError as e:  # the set-up raised (e.g. setrlimit past a hard limit)
+        os.close(report_r)
+        raise SandboxError(f"sandbox: the set-up failed ({e}); the run did not start") from e
+    except BaseException:
+        os.close(report_r)
+        raise
+    finally:
+        os.close(report_w)
     chunks: list[bytes] = []
     over = threading.Event()
 
@@ -367,9 +422,15 @@ def _run(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], uid
         timed_out = True
     _kill_group(proc.pid)  # also what the tests forked and left behind
     proc.wait()
+    with os.fdopen(report_r, "rb") as report:  # every write end is closed now: no wait
+        setup_failure = report.read().decode("utf-8", "replace").strip()
     if group is not None:
         remove_pids_cgroup(group)  # and whatever left the process group
+    if uid is not None:
+        kill_processes_of(uid)  # and the group, where no cgroup could be made
     reader.join(timeout=5)
+    if setup_failure:
+        raise SandboxError(setup_failure)
     output = b"".join(chunks).decode("utf-8", "replace")
     return RunResult(proc.returncode, output, time.perf_counter() - start, timed_out, over.is_set())
 
