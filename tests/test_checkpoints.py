@@ -268,8 +268,30 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_best_that_checkpoint_had_se
     assert ck.read_best(tmp_path)["step"] == 25
     (tmp_path / "step_000030" / ck.BEST_DIR / "model.pt").write_bytes(b"torn")  # the best, as kept there
     resume = ck.latest_checkpoint(tmp_path, "aaaa", report=None)
-    assert resume.name == "step_000020"  # the newest one is corrupt, its best with it
+    assert resume.name == "step_000020"  # the newest one's best is corrupt; this one's is intact
+    assert (tmp_path / "step_000030.corrupt").is_dir()
     ck.settle_best(tmp_path, resume)
     assert ck.read_best(tmp_path) == {"step": 5, "valid/success": 0.7, "valid/score": 0.7}
     assert torch.load(tmp_path / ck.BEST_DIR / "model.pt")["w"][0] == 5.0
     assert not ck.is_better({"valid/success": 0.5, "valid/score": 0.5}, ck.read_best(tmp_path))
+
+
+def test_a_corrupt_best_shared_by_every_checkpoint_costs_the_best_not_the_training(tmp_path):
+    """The kept checkpoints hard-link one best: a damaged best file failed every one of them, so the
+    run restarted from step 0. Now the newest resumes, without its best (set aside, reported)."""
+    ck.save_best(tmp_path, 5, FakeEngine(5), FakeTokenizer(), {"valid/success": 0.7, "valid/score": 0.7})
+    for step in (10, 20):
+        save(tmp_path, step)
+    (tmp_path / "step_000020" / ck.BEST_DIR / "model.pt").write_bytes(b"torn")  # the same file in step 10
+    said = []
+    resume = ck.latest_checkpoint(tmp_path, "aaaa", said.append)
+    assert resume.name == "step_000020" and len(said) == 1 and "best model is corrupt" in said[0]
+    assert (resume / (ck.BEST_DIR + ck.CORRUPT_SUFFIX)).is_dir() and not (resume / ck.BEST_DIR).exists()
+    assert (tmp_path / "step_000010").is_dir()  # not moved aside: no older one had an intact best
+    ck.verify_checkpoint(resume, "state")
+    ck.settle_best(tmp_path, resume)
+    assert ck.read_best(tmp_path) is None and not (tmp_path / ck.BEST_DIR).exists()
+    assert ck.latest_checkpoint(tmp_path, "aaaa", report=None) == resume  # again: nothing left to move
+    # a corrupt training state still fails the checkpoint whatever its best
+    (resume / "model" / "model.pt").write_bytes(b"torn")
+    assert ck.latest_checkpoint(tmp_path, "aaaa", report=None).name == "step_000010"

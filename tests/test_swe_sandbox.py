@@ -347,6 +347,13 @@ def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path):
     (workspace / ".dvc/config.local").write_text(f"[cache]\ndir = {project / '.dvc' / 'cache'}\n")
     (workspace / "data/envs/op-f1/test/t0").mkdir(parents=True)
     assert (project / ".dvc" / "cache").resolve() in hidden_from_runs(workspace / "data/envs/op-f1/test/t0", {})
+    (workspace / ".dvc/config.local").unlink()  # a workspace with a cache of its own: both hidden
+    (workspace / ".dvc/cache").mkdir()
+    hidden = hidden_from_runs(workspace / "data/envs/op-f1/test/t0", {})
+    assert {(project / ".dvc/cache").resolve(), (workspace / ".dvc/cache").resolve()} <= set(hidden)
+    (project / ".dvc/config").write_text("[cache\nnot ini")  # unreadable: its default, and a warning
+    with pytest.warns(UserWarning, match="config unreadable"):
+        assert (project / ".dvc/cache").resolve() in hidden_from_runs(task_dir, {})
     outside = tmp_path / "q" / "envs/op-f1/test/t0"  # no DVC project: nothing more
     outside.mkdir(parents=True)
     assert hidden_from_runs(outside, {}) == (outside.parent.resolve(),)
@@ -405,3 +412,41 @@ def test_shared_memory_is_bounded_and_nothing_is_left_in_the_shared_temp_folders
     assert res.output.startswith("stopped at ") and int(res.output.split()[2]) <= 64, res.output
     assert not [p for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).glob(f"{name}*")]
     assert not list(Path("/dev/shm").glob("big*"))
+
+
+def test_two_runs_at_once_never_share_a_uid(monkeypatch):
+    """Drawn at random alone, two runs at once could get the same uid, and the first to end killed
+    the other's processes and removed its files. A uid held by a run is drawn again."""
+    draws = iter([5, 5, 5, 9])
+    monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: next(draws))
+    with sandbox.reserved_uid() as first:
+        with sandbox.reserved_uid() as second:  # draws 5 (held) twice, then 9
+            assert (first, second) == (SANDBOX_UIDS.start + 5, SANDBOX_UIDS.start + 9)
+    assert not (sandbox.UID_LOCKS / str(first)).exists()  # released with its run
+    monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: 5)
+    with sandbox.reserved_uid() as again:
+        assert again == first
+        with pytest.raises(SandboxError, match="no free uid"):
+            with sandbox.reserved_uid(tries=3):
+                pass
+
+
+def test_a_uid_with_a_live_process_is_not_reserved_and_zombies_are_not_counted(monkeypatch):
+    proc = __import__("subprocess").Popen(["true"])
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat")
+        for _ in range(200):  # exited, not yet reaped
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        mine = sandbox.processes_of(os.getuid())
+        assert os.getpid() in mine and proc.pid not in mine
+    finally:
+        proc.wait()
+    # a uid some process runs as (ours; its account aside) is skipped
+    monkeypatch.setattr(sandbox, "SANDBOX_UIDS", range(os.getuid(), os.getuid() + 10))
+    monkeypatch.setattr(sandbox, "has_account", lambda uid: False)
+    draws = iter([0, 7])
+    monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: next(draws))
+    with sandbox.reserved_uid() as uid:
+        assert uid == os.getuid() + 7

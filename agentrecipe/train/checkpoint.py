@@ -142,11 +142,14 @@ def read_manifest(path: str | Path) -> dict:
         raise ValueError(f"{MANIFEST} unreadable ({type(e).__name__}: {e})") from None
 
 
-def verify_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's manifest after checking every file it lists; ValueError naming the first bad file."""
+def verify_checkpoint(path: str | Path, part: str = "all") -> dict:
+    """The checkpoint's manifest after checking every file it lists (`part`: "all", "state" for all but
+    the best model it keeps, "best" for that best only); ValueError naming the first bad file."""
     path = Path(path)
     manifest = read_manifest(path)
     for rel, (size, sha) in manifest["files"].items():
+        if part != "all" and (part == "best") != rel.startswith(BEST_DIR + "/"):
+            continue
         f = path / rel
         if not f.is_file():
             raise ValueError(f"{rel} is missing")
@@ -224,9 +227,14 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
 
     Every checkpoint passed over is reported with the reason. One whose files do not match
     what was recorded when it was written is renamed aside to ``step_NNNNNN.corrupt`` (kept
-    for inspection, never considered again) and the next older one is tried."""
+    for inspection, never considered again) and the next older one is tried. One whose training
+    state is intact but whose kept best model (rl.keep_best) is not is passed over for an older
+    intact one; where there is none, the newest such is resumed without its best (set aside as
+    ``best.corrupt``): checkpoints hard-link one best, so a damaged best file would otherwise
+    fail every checkpoint that kept it and restart the run from scratch."""
     report = report or (lambda _msg: None)
     root = Path(root)
+    bad_best: list[tuple[Path, str]] = []  # intact but for their best, newest first
     for path in reversed(step_dirs(root)):
         try:
             fp = read_manifest(path)["fingerprint"]
@@ -237,18 +245,31 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
             report(f"checkpoint {path} skipped: written by another config (fingerprint {fp}, this run {fingerprint})")
             continue
         try:
-            verify_checkpoint(path)
+            verify_checkpoint(path, "state")
         except ValueError as e:
             report(f"checkpoint {path} skipped: corrupt, {e}; moved to {_move_aside(path)}, trying the next older one")
             continue
+        try:
+            verify_checkpoint(path, "best")
+        except ValueError as e:
+            bad_best.append((path, str(e)))
+            continue
+        for newer, why in bad_best:
+            report(f"checkpoint {newer} skipped: its best model is corrupt, {why}; moved to {_move_aside(newer)}")
+        return path
+    if bad_best:
+        path, why = bad_best[0]
+        report(f"checkpoint {path}: its best model is corrupt, {why}, and no older checkpoint has an intact one; "
+               f"resuming without a best (moved to {_move_aside(path / BEST_DIR)})")
         return path
     return None
 
 
 def _move_aside(path: Path) -> str:
-    """Rename a broken checkpoint to step_NNNNNN.corrupt (rank 0), out of every later search."""
+    """Rename a broken checkpoint (or its best/) to <name>.corrupt (rank 0), out of every later search;
+    one already moved is left."""
     aside = path.with_name(path.name + CORRUPT_SUFFIX)
-    if dist.is_rank0():
+    if dist.is_rank0() and path.exists():
         shutil.rmtree(aside, ignore_errors=True)
         path.rename(aside)
     return aside.name

@@ -41,6 +41,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 import weakref
 from collections import Counter
 from pathlib import Path
@@ -72,19 +73,23 @@ def sweep_stale(root: Path = WORKDIR) -> int:
     return n
 
 
-def dvc_cache_of(folder: Path) -> Path | None:
-    """The cache of the DVC project `folder` lies in (DVC's config: an experiment's workspace
-    under .dvc/tmp/exps uses its repository's cache), or None outside a DVC project."""
+def dvc_caches_of(folder: Path) -> list[Path]:
+    """The caches of every DVC project `folder` lies in, innermost first (DVC's config: an
+    experiment's workspace under .dvc/tmp/exps uses its repository's cache, which is also the
+    enclosing project's). A config DVC cannot read counts as its default cache, with a warning."""
+    caches = []
     for root in (folder, *folder.parents):
         if (root / ".dvc").is_dir():
             try:
                 from dvc.config import Config
 
                 cache = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
-            except Exception:  # noqa: BLE001 - no dvc here, or a config it cannot read: its default
+            except Exception as e:  # noqa: BLE001 - no dvc here, or a config it cannot read
+                warnings.warn(f"{root / '.dvc'}: DVC's config unreadable ({e}); hiding its default cache "
+                              "from SWE runs only", stacklevel=2)
                 cache = None
-            return (root / ".dvc" / cache if cache else root / ".dvc" / "cache").resolve()
-    return None
+            caches.append((root / ".dvc" / cache if cache else root / ".dvc" / "cache").resolve())
+    return list(dict.fromkeys(caches))
 
 
 def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
@@ -92,13 +97,13 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     the package cache (the packages unmutated). The folder of the task's split (its tasks), the
     build output it lies in (where a `_packages` cache sits beside the level folders),
     env.swe.cache_dir, and the DVC cache of the project the build lies in (it keeps a copy of
-    every file of a DVC-tracked build); the ones that exist and hold neither the episode folders,
+    every file of a DVC-tracked build; every enclosing project's); the ones that exist and hold neither the episode folders,
     nor the interpreter, nor agentrecipe (a build into the project root: its split folders only)."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
-    found += [c for c in [dvc_cache_of(build)] if c is not None]
+    found += dvc_caches_of(build)
     return tuple(dict.fromkeys(p for p in found if p.is_dir() and can_hide(p, WORKDIR)))
 
 

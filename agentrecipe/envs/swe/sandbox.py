@@ -22,7 +22,7 @@
   since its CAP_DAC_READ_SEARCH reads any file. What it leaves in /tmp and /var/tmp (files and
   folders it owns at their top level) is removed after it;
 - user: as root, the child then becomes a fresh unprivileged uid of its own (`SANDBOX_UIDS`,
-  one per run, no supplementary groups, no_new_privs). It keeps one capability,
+  one per run, reserved for it by `reserved_uid`, no supplementary groups, no_new_privs). It keeps one capability,
   CAP_DAC_READ_SEARCH (ambient), so it can read the interpreter and the packages wherever
   they are installed (pyenv under a 0700 /root), and nothing else: it writes only where
   anyone may (/tmp) and in the folders lent to it (``writable=True``: the run folder, chowned
@@ -41,7 +41,9 @@ resolves outside the folder, no symlinks on the way).
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import pwd
 import resource
 import secrets
 import shutil
@@ -52,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +66,10 @@ PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AM
 CAP_DAC_READ_SEARCH = 2
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SANDBOX_UIDS = range(2_000_000, 3_000_000)
-"""The uids (and gids) runs get as root, one drawn per run: no account has them, so a run owns
-nothing but what it is lent, and two runs cannot touch each other's files or processes."""
+"""The uids (and gids) runs get as root, one drawn per run (`reserved_uid`): no account has them,
+so a run owns nothing but what it is lent, and two runs cannot touch each other's files or processes."""
+UID_LOCKS = Path(tempfile.gettempdir()) / "agentrecipe-sandbox-uids"
+"""One lock file per uid in use (an flock, held for the run, released if its process dies)."""
 
 
 class SandboxError(RuntimeError):
@@ -318,19 +322,62 @@ def run_limited(argv: list[str], folder: str | Path, limits: Limits, env: dict[s
         if not can_hide(h, folder):
             raise ValueError(f"sandbox: {h} cannot be hidden from a run: it holds the run's folder, the interpreter "
                              "or agentrecipe")
-    uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS)) if ISOLATION == "netns" else None
-    tmp = Path(tempfile.mkdtemp(prefix="agentrecipe-sandbox-")) if uid is not None else None
+    with reserved_uid() if ISOLATION == "netns" else nullcontext() as uid:
+        tmp = Path(tempfile.mkdtemp(prefix="agentrecipe-sandbox-")) if uid is not None else None
+        try:
+            if tmp is not None:
+                os.chown(tmp, uid, uid)  # the run's own TMPDIR, empty and removed after it
+            with lent(folder, uid if writable else None):
+                extra = {**(env or {}), **({"TMPDIR": str(tmp)} if tmp else {})}
+                return _run(argv, folder, limits, extra, uid, start, hidden)
+        finally:
+            if tmp is not None:
+                remove_tree(tmp)
+            if uid is not None:
+                remove_owned(uid, SHARED_TMP)
+
+
+@contextmanager
+def reserved_uid(tries: int = 100):
+    """A uid of SANDBOX_UIDS for one run, held until the block ends: no other run holds it (its lock
+    file in UID_LOCKS), no account has it and no process runs as it. Drawn at random alone, two runs
+    at once (pool workers, serve-env's threads) could draw the same uid, and the first to end would
+    kill the other's processes (`kill_processes_of`) and remove its files (`remove_owned`)."""
+    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for _ in range(tries):
+        uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS))
+        if (fd := _lock_uid(uid)) is not None:
+            break
+    else:
+        raise SandboxError(f"sandbox: no free uid in {tries} draws (see {UID_LOCKS})")
     try:
-        if tmp is not None:
-            os.chown(tmp, uid, uid)  # the run's own TMPDIR, empty and removed after it
-        with lent(folder, uid if writable else None):
-            extra = {**(env or {}), **({"TMPDIR": str(tmp)} if tmp else {})}
-            return _run(argv, folder, limits, extra, uid, start, hidden)
+        yield uid
     finally:
-        if tmp is not None:
-            remove_tree(tmp)
-        if uid is not None:
-            remove_owned(uid, SHARED_TMP)
+        (UID_LOCKS / str(uid)).unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _lock_uid(uid: int) -> int | None:
+    """The open, flock-held lock file of `uid` if the uid is free, else None."""
+    path = UID_LOCKS / str(uid)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # still the file at `path` (a run ending removes its file), and the uid has no account or process
+        if os.fstat(fd).st_ino == os.stat(path).st_ino and not has_account(uid) and not processes_of(uid):
+            return fd
+    except OSError:
+        pass  # held by another run, or its file removed meanwhile
+    os.close(fd)
+    return None
+
+
+def has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 def can_hide(folder: str | Path, run_folder: str | Path) -> bool:
@@ -356,17 +403,26 @@ def remove_owned(uid: int, folders: tuple[str, ...]) -> None:
                 pass
 
 
-def kill_processes_of(uid: int) -> None:
-    """SIGKILL every process whose uid is `uid` (a run's own uid), until none is left: what left the
-    run's process group (setsid) where no pids cgroup could be made."""
-    for _ in range(50):
-        pids = []
-        for entry in os.scandir("/proc"):
-            try:
-                if entry.name.isdigit() and entry.stat().st_uid == uid:
+def processes_of(uid: int) -> list[int]:
+    """PIDs of the live processes whose uid is `uid` (zombies skipped: they run nothing, and the
+    kill cannot remove them; their parent, or init, reaps them)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("Z", "X"):
                     pids.append(int(entry.name))
-            except OSError:
-                pass
+        except (OSError, IndexError):
+            pass  # gone meanwhile
+    return pids
+
+
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process whose uid is `uid` (a run's own uid, reserved for it), until none is
+    left: what left the run's process group (setsid) where no pids cgroup could be made."""
+    for _ in range(50):
+        pids = processes_of(uid)
         if not pids:
             return
         kill_all(pids)
@@ -422,8 +478,15 @@ def _run_in(argv: list[str], folder: Path, limits: Limits, env: dict[str, str], 
         timed_out = True
     _kill_group(proc.pid)  # also what the tests forked and left behind
     proc.wait()
-    with os.fdopen(report_r, "rb") as report:  # every write end is closed now: no wait
-        setup_failure = report.read().decode("utf-8", "replace").strip()
+    # The set-up writes its failure before the child exits; read what is there, never wait (a fork
+    # by another thread of this process could hold a write end).
+    os.set_blocking(report_r, False)
+    try:
+        setup_failure = os.read(report_r, 65536).decode("utf-8", "replace").strip()
+    except BlockingIOError:
+        setup_failure = ""
+    finally:
+        os.close(report_r)
     if group is not None:
         remove_pids_cgroup(group)  # and whatever left the process group
     if uid is not None:
