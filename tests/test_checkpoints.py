@@ -295,3 +295,13 @@ def test_a_corrupt_best_shared_by_every_checkpoint_costs_the_best_not_the_traini
     # a corrupt training state still fails the checkpoint whatever its best
     (resume / "model" / "model.pt").write_bytes(b"torn")
     assert ck.latest_checkpoint(tmp_path, "aaaa", report=None).name == "step_000010"
+
+
+def test_a_corrupt_best_is_not_traded_for_an_older_checkpoint_that_kept_none(tmp_path):
+    save(tmp_path, 10)  # no best yet
+    ck.save_best(tmp_path, 15, FakeEngine(15), FakeTokenizer(), {"valid/success": 0.7, "valid/score": 0.7})
+    save(tmp_path, 20)
+    (tmp_path / "step_000020" / ck.BEST_DIR / "model.pt").write_bytes(b"torn")
+    resume = ck.latest_checkpoint(tmp_path, "aaaa", report=None)
+    assert resume.name == "step_000020" and not (resume / ck.BEST_DIR).exists()
+    assert (tmp_path / "step_000010").is_dir()

@@ -414,9 +414,10 @@ def test_shared_memory_is_bounded_and_nothing_is_left_in_the_shared_temp_folders
     assert not list(Path("/dev/shm").glob("big*"))
 
 
-def test_two_runs_at_once_never_share_a_uid(monkeypatch):
+def test_two_runs_at_once_never_share_a_uid(monkeypatch, tmp_path):
     """Drawn at random alone, two runs at once could get the same uid, and the first to end killed
     the other's processes and removed its files. A uid held by a run is drawn again."""
+    monkeypatch.setattr(sandbox, "UID_LOCKS", tmp_path / "locks")
     draws = iter([5, 5, 5, 9])
     monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: next(draws))
     with sandbox.reserved_uid() as first:
@@ -431,7 +432,8 @@ def test_two_runs_at_once_never_share_a_uid(monkeypatch):
                 pass
 
 
-def test_a_uid_with_a_live_process_is_not_reserved_and_zombies_are_not_counted(monkeypatch):
+def test_a_uid_with_a_live_process_is_not_reserved_and_zombies_are_not_counted(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox, "UID_LOCKS", tmp_path / "locks")
     proc = __import__("subprocess").Popen(["true"])
     try:
         stat = Path(f"/proc/{proc.pid}/stat")
@@ -450,3 +452,26 @@ def test_a_uid_with_a_live_process_is_not_reserved_and_zombies_are_not_counted(m
     monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: next(draws))
     with sandbox.reserved_uid() as uid:
         assert uid == os.getuid() + 7
+
+
+def test_a_lock_folder_others_could_enter_or_a_link_is_refused(monkeypatch, tmp_path):
+    """Lock files are made as root: in a folder another user made first (or a link to one) that user
+    could plant links or remove live runs' locks."""
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    (tmp_path / "real").mkdir(mode=0o700)
+    for folder in (open_folder, tmp_path / "link"):
+        monkeypatch.setattr(sandbox, "UID_LOCKS", folder)
+        with pytest.raises(SandboxError, match="must be a folder owned by"):
+            with sandbox.reserved_uid():
+                pass
+    monkeypatch.setattr(sandbox, "UID_LOCKS", tmp_path / "real")
+    (tmp_path / "real" / str(SANDBOX_UIDS.start + 3)).symlink_to(tmp_path / "elsewhere")  # a planted link
+    draws = iter([3, 4])
+    monkeypatch.setattr(sandbox.secrets, "randbelow", lambda n: next(draws))
+    with pytest.raises(SandboxError, match="cannot open the lock file"):
+        with sandbox.reserved_uid():
+            pass
+    assert not (tmp_path / "elsewhere").exists()

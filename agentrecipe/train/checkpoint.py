@@ -229,7 +229,7 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
     what was recorded when it was written is renamed aside to ``step_NNNNNN.corrupt`` (kept
     for inspection, never considered again) and the next older one is tried. One whose training
     state is intact but whose kept best model (rl.keep_best) is not is passed over for an older
-    intact one; where there is none, the newest such is resumed without its best (set aside as
+    intact one; where there is none (or the older one kept no best), the newest such is resumed without its best (set aside as
     ``best.corrupt``): checkpoints hard-link one best, so a damaged best file would otherwise
     fail every checkpoint that kept it and restart the run from scratch."""
     report = report or (lambda _msg: None)
@@ -250,10 +250,12 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
             report(f"checkpoint {path} skipped: corrupt, {e}; moved to {_move_aside(path)}, trying the next older one")
             continue
         try:
-            verify_checkpoint(path, "best")
+            manifest = verify_checkpoint(path, "best")
         except ValueError as e:
             bad_best.append((path, str(e)))
             continue
+        if bad_best and not any(rel.startswith(BEST_DIR + "/") for rel in manifest["files"]):
+            break  # an older one without a best: the newer one without its best loses no steps
         for newer, why in bad_best:
             report(f"checkpoint {newer} skipped: its best model is corrupt, {why}; moved to {_move_aside(newer)}")
         return path

@@ -84,7 +84,9 @@ def dvc_caches_of(folder: Path) -> list[Path]:
                 from dvc.config import Config
 
                 cache = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
-            except Exception as e:  # noqa: BLE001 - no dvc here, or a config it cannot read
+            except ImportError:
+                cache = None  # no DVC installed: the project's config is not ours to read; its default
+            except Exception as e:  # noqa: BLE001 - a config DVC cannot read
                 warnings.warn(f"{root / '.dvc'}: DVC's config unreadable ({e}); hiding its default cache "
                               "from SWE runs only", stacklevel=2)
                 cache = None

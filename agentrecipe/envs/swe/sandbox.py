@@ -68,8 +68,9 @@ LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SANDBOX_UIDS = range(2_000_000, 3_000_000)
 """The uids (and gids) runs get as root, one drawn per run (`reserved_uid`): no account has them,
 so a run owns nothing but what it is lent, and two runs cannot touch each other's files or processes."""
-UID_LOCKS = Path(tempfile.gettempdir()) / "agentrecipe-sandbox-uids"
-"""One lock file per uid in use (an flock, held for the run, released if its process dies)."""
+UID_LOCKS = Path("/run/agentrecipe-sandbox-uids")
+"""One lock file per uid in use (an flock, held for the run, released if its process dies): a fixed
+path, the same for every process whatever its TMPDIR, in root's /run rather than the shared /tmp."""
 
 
 class SandboxError(RuntimeError):
@@ -343,31 +344,60 @@ def reserved_uid(tries: int = 100):
     file in UID_LOCKS), no account has it and no process runs as it. Drawn at random alone, two runs
     at once (pool workers, serve-env's threads) could draw the same uid, and the first to end would
     kill the other's processes (`kill_processes_of`) and remove its files (`remove_owned`)."""
-    UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
-    for _ in range(tries):
-        uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS))
-        if (fd := _lock_uid(uid)) is not None:
-            break
-    else:
-        raise SandboxError(f"sandbox: no free uid in {tries} draws (see {UID_LOCKS})")
+    locks = os.open(lock_folder(), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        yield uid
+        for _ in range(tries):
+            uid = SANDBOX_UIDS.start + secrets.randbelow(len(SANDBOX_UIDS))
+            if (fd := _lock_uid(locks, uid)) is not None:
+                break
+        else:
+            raise SandboxError(f"sandbox: no free uid in {tries} draws (see {UID_LOCKS})")
+        try:
+            yield uid
+        finally:
+            try:
+                os.unlink(str(uid), dir_fd=locks)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
     finally:
-        (UID_LOCKS / str(uid)).unlink(missing_ok=True)
-        os.close(fd)
+        os.close(locks)
 
 
-def _lock_uid(uid: int) -> int | None:
-    """The open, flock-held lock file of `uid` if the uid is free, else None."""
-    path = UID_LOCKS / str(uid)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+def lock_folder() -> Path:
+    """UID_LOCKS, made if missing, refused (SandboxError) unless it is a real folder of this user's
+    that no one else may enter: lock files are made in it as root."""
+    try:
+        UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(UID_LOCKS)
+    except OSError as e:
+        raise SandboxError(f"sandbox: cannot make the uid lock folder {UID_LOCKS} ({e})") from e
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise SandboxError(f"sandbox: {UID_LOCKS} must be a folder owned by uid {os.geteuid()} with mode 0700 "
+                           "(not a link, nothing for others); remove it")
+    return UID_LOCKS
+
+
+def _lock_uid(folder: int, uid: int) -> int | None:
+    """The open, flock-held lock file of `uid` (in the lock folder open as `folder`) if the uid is
+    free, else None."""
+    name = str(uid)
+    try:
+        fd = os.open(name, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder)
+    except OSError as e:
+        raise SandboxError(f"sandbox: cannot open the lock file of uid {uid} in {UID_LOCKS} ({e})") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        # still the file at `path` (a run ending removes its file), and the uid has no account or process
-        if os.fstat(fd).st_ino == os.stat(path).st_ino and not has_account(uid) and not processes_of(uid):
+        # still the file at its name (a run ending removes its file), and the uid has no account or process
+        if (os.fstat(fd).st_ino == os.stat(name, dir_fd=folder, follow_symlinks=False).st_ino
+                and not has_account(uid) and not processes_of(uid)):
             return fd
     except OSError:
         pass  # held by another run, or its file removed meanwhile
+    except BaseException:
+        os.close(fd)
+        raise
     os.close(fd)
     return None
 
