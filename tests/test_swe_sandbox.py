@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -434,7 +435,7 @@ def test_two_runs_at_once_never_share_a_uid(monkeypatch, tmp_path):
 
 def test_a_uid_with_a_live_process_is_not_reserved_and_zombies_are_not_counted(monkeypatch, tmp_path):
     monkeypatch.setattr(sandbox, "UID_LOCKS", tmp_path / "locks")
-    proc = __import__("subprocess").Popen(["true"])
+    proc = subprocess.Popen(["true"])
     try:
         stat = Path(f"/proc/{proc.pid}/stat")
         for _ in range(200):  # exited, not yet reaped

@@ -71,12 +71,13 @@ def save_hf(engine_or_model, tokenizer, out_dir: str | Path) -> Path:
     return replace_dir(tmp, out_dir)
 
 
-def copy_model(src: str | Path, dst: str | Path) -> Path:
-    """Pass a model folder through unchanged (e.g. SFT with zero demonstrations), atomically."""
+def copy_model(src: str | Path, dst: str | Path, copy_function: Callable[[str, str], object] = shutil.copy2) -> Path:
+    """Pass a model folder through unchanged (e.g. SFT with zero demonstrations), atomically;
+    `copy_function` copies each file (`link_or_copy`: hard links)."""
     dst = Path(dst)
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
+    shutil.copytree(src, tmp, copy_function=copy_function)
     return replace_dir(tmp, dst)
 
 
@@ -142,22 +143,22 @@ def read_manifest(path: str | Path) -> dict:
         raise ValueError(f"{MANIFEST} unreadable ({type(e).__name__}: {e})") from None
 
 
-def verify_checkpoint(path: str | Path, part: str = "all") -> dict:
-    """The checkpoint's manifest after checking every file it lists (`part`: "all", "state" for all but
-    the best model it keeps, "best" for that best only); ValueError naming the first bad file."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    for rel, (size, sha) in manifest["files"].items():
-        if part != "all" and (part == "best") != rel.startswith(BEST_DIR + "/"):
-            continue
-        f = path / rel
+def check_files(path: str | Path, files: dict[str, list]) -> None:
+    """Each of `files` ({path under `path`: [size, sha256]}) is there as written; ValueError naming the first bad one."""
+    for rel, (size, sha) in files.items():
+        f = Path(path) / rel
         if not f.is_file():
             raise ValueError(f"{rel} is missing")
         if f.stat().st_size != size:
             raise ValueError(f"{rel} has {f.stat().st_size} bytes, {size} were written")
         if file_sha256(f) != sha:
             raise ValueError(f"{rel} does not match the sha256 recorded when it was written")
-    return manifest
+
+
+def split_best(files: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:
+    """A manifest's files as (training state, the best model the checkpoint keeps under best/)."""
+    best = {rel: v for rel, v in files.items() if rel.startswith(BEST_DIR + "/")}
+    return {rel: v for rel, v in files.items() if rel not in best}, best
 
 
 def remove_checkpoint(path: str | Path) -> None:
@@ -237,24 +238,25 @@ def latest_checkpoint(root: str | Path, fingerprint: str, report: Callable[[str]
     bad_best: list[tuple[Path, str]] = []  # intact but for their best, newest first
     for path in reversed(step_dirs(root)):
         try:
-            fp = read_manifest(path)["fingerprint"]
+            manifest = read_manifest(path)
         except ValueError as e:
             report(f"checkpoint {path} skipped: {e}; moved to {_move_aside(path)}, trying the next older one")
             continue
-        if fp != fingerprint:
+        if (fp := manifest["fingerprint"]) != fingerprint:
             report(f"checkpoint {path} skipped: written by another config (fingerprint {fp}, this run {fingerprint})")
             continue
+        state, best = split_best(manifest["files"])
         try:
-            verify_checkpoint(path, "state")
+            check_files(path, state)
         except ValueError as e:
             report(f"checkpoint {path} skipped: corrupt, {e}; moved to {_move_aside(path)}, trying the next older one")
             continue
         try:
-            manifest = verify_checkpoint(path, "best")
+            check_files(path, best)
         except ValueError as e:
             bad_best.append((path, str(e)))
             continue
-        if bad_best and not any(rel.startswith(BEST_DIR + "/") for rel in manifest["files"]):
+        if bad_best and not best:
             break  # an older one without a best: the newer one without its best loses no steps
         for newer, why in bad_best:
             report(f"checkpoint {newer} skipped: its best model is corrupt, {why}; moved to {_move_aside(newer)}")
@@ -370,10 +372,7 @@ def settle_best(root: str | Path, checkpoint: Path | None) -> None:
     shutil.rmtree(root / PENDING_BEST_DIR, ignore_errors=True)
     kept = Path(checkpoint) / BEST_DIR if checkpoint is not None else None
     if kept is not None and kept.is_dir():
-        tmp = root / (BEST_DIR + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(kept, tmp, copy_function=link_or_copy)
-        replace_dir(tmp, root / BEST_DIR)
+        copy_model(kept, root / BEST_DIR, copy_function=link_or_copy)
     else:
         shutil.rmtree(root / BEST_DIR, ignore_errors=True)
         shutil.rmtree(aside_path(root / BEST_DIR), ignore_errors=True)
