@@ -335,6 +335,39 @@ def test_a_dropped_env_is_freed_and_its_episode_folder_removed(task):
     assert ref() is None and not folder.exists()
 
 
+def test_the_other_builds_of_the_project_and_its_sweep_are_hidden_too(tmp_path):
+    """Before, a sweep's point (run in an experiment workspace, .dvc/tmp/exps/<name>) had its own build
+    hidden, but the project's data/envs (the default run's build) and the other workspaces' builds
+    (the sweep's other points, often the same tasks) were readable, fixes and all."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp())  # readable by a run's own uid (pytest's tmp_path is not)
+    try:
+        base.chmod(0o755)
+        project = base / "p"
+        mine, other = project / ".dvc/tmp/exps/tmpa", project / ".dvc/tmp/exps/tmpb"
+        for workspace in (project, mine, other):
+            (workspace / ".dvc").mkdir(parents=True)
+            (workspace / "data/envs/op-f1/test/t0").mkdir(parents=True)
+            (workspace / "data/envs/op-f1/test/t0/task.json").write_text('{"fix": "secret"}')
+        (project / ".dvc/tmp/exps/celery").mkdir()  # the queue's own folder: no data/
+        hidden = hidden_from_runs(mine / "data/envs/op-f1/test/t0", {})
+        assert {(w / "data").resolve() for w in (project, mine, other)} <= set(hidden)
+        assert all(p.is_dir() and "celery" not in p.parts for p in hidden)
+        # the default run's build: its split folder first, as before, then the project's data/
+        assert hidden_from_runs(project / "data/envs/op-f1/test/t0", {})[:2] == \
+            ((project / "data/envs/op-f1/test").resolve(), (project / "data").resolve())
+        if os.geteuid() == 0 and ISOLATION == "netns":  # what a run sees: none of the three
+            code = f"import glob; print(len(glob.glob({str(project / '**/task.json')!r}, recursive=True, include_hidden=True)))"
+            seen = run_limited([sys.executable, "-c", code], "/tmp", Limits())
+            assert seen.returncode == 0 and seen.output.strip() == "3", seen.output  # readable unhidden
+            res = run_limited([sys.executable, "-c", code], "/tmp", Limits(), hidden=hidden)
+            assert res.returncode == 0 and res.output.strip() == "0", res.output
+    finally:
+        shutil.rmtree(base)
+
+
 def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path):
     """Before, a build under data/envs was hidden, but DVC's cache keeps a copy of each of its files
     (task.json: the fix), readable by the run. An experiment's workspace uses its repository's cache."""

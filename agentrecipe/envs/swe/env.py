@@ -94,18 +94,34 @@ def dvc_caches_of(folder: Path) -> list[Path]:
     return list(dict.fromkeys(caches))
 
 
+def data_folders_of(folder: Path) -> list[Path]:
+    """The data/ folders of every DVC project `folder` lies in and of each one's experiment
+    workspaces (.dvc/tmp/exps/*/data), innermost project first. A sweep's points run in such
+    workspaces side by side, often on the same tasks: each one's data/envs holds their fixes."""
+    found = []
+    for root in (folder, *folder.parents):
+        if (root / ".dvc").is_dir():
+            exps = root / ".dvc" / "tmp" / "exps"
+            workspaces = sorted(w / "data" for w in exps.iterdir()) if exps.is_dir() else []
+            found += [(root / "data").resolve(), *(w.resolve() for w in workspaces)]
+    return list(dict.fromkeys(found))
+
+
 def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     """What the code a task runs must not read: the fix is in the task folders (task.json) and in
     the package cache (the packages unmutated). The folder of the task's split (its tasks), the
     build output it lies in (where a `_packages` cache sits beside the level folders),
-    env.swe.cache_dir, and the DVC cache of the project the build lies in (it keeps a copy of
-    every file of a DVC-tracked build; every enclosing project's); the ones that exist and hold neither the episode folders,
-    nor the interpreter, nor agentrecipe (a build into the project root: its split folders only)."""
+    env.swe.cache_dir, the DVC cache of the project the build lies in (it keeps a copy of
+    every file of a DVC-tracked build; every enclosing project's), and the data/ folders of those
+    projects and of their experiment workspaces (other builds of the same tasks: the default run's,
+    the other points of a sweep); the ones that exist and hold neither the episode folders, nor the
+    interpreter, nor agentrecipe (a build into the project root: its split folders only). Taken at
+    each reset, so a workspace that a sweep made since is hidden from the next episode on."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
-    found += dvc_caches_of(build)
+    found += dvc_caches_of(build) + data_folders_of(build)
     return tuple(dict.fromkeys(p for p in found if p.is_dir() and can_hide(p, WORKDIR)))
 
 
