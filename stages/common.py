@@ -39,6 +39,22 @@ def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
     return args
 
 
+_EARLIER_RUNS: dict[str, Any] = {}
+
+
+def count_earlier_runs(seconds: float, note: str) -> None:
+    """A resumed stage: its wall time also counts `seconds` of work it kept from the runs before,
+    and the report says so (`note`, in data/timings/<stage>.json as `resumed`)."""
+    _EARLIER_RUNS.update(seconds=seconds, note=note)
+
+
+def timing_record(name: str, seconds: float) -> dict[str, Any]:
+    """data/timings/<stage>.json: this run's seconds plus those of earlier runs it resumed."""
+    earlier = _EARLIER_RUNS.get("seconds", 0.0)
+    return {"stage": name, "seconds": round(seconds + earlier, 1),
+            **({"resumed": _EARLIER_RUNS["note"], "this_run_seconds": round(seconds, 1)} if _EARLIER_RUNS else {})}
+
+
 def _record_wall_time() -> None:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is None or not spec.name.startswith("stages.") or not is_rank0() or "DVC_STAGE" not in os.environ:
@@ -48,7 +64,7 @@ def _record_wall_time() -> None:
     def write() -> None:
         with contextlib.suppress(OSError):
             TIMINGS_DIR.mkdir(parents=True, exist_ok=True)
-            (TIMINGS_DIR / f"{name}.json").write_text(json.dumps({"stage": name, "seconds": round(time.time() - start, 1)}))
+            (TIMINGS_DIR / f"{name}.json").write_text(json.dumps(timing_record(name, time.time() - start)))
 
     atexit.register(write)
 

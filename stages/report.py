@@ -49,12 +49,15 @@ def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
         for g in read_manifest(envs):
             games.setdefault(g.level, {}).setdefault(g.split, 0)
             games[g.level][g.split] += 1
-    timings = {}
+    timings, resumed = {}, {}
     for stage in STAGE_ORDER:
         f = timings_dir / f"{stage}.json"
         if f.exists():
-            timings[stage] = float(json.loads(f.read_text())["seconds"])
-    return provenance_section(git_revision(), params_diff(params, defaults), params, budget, games, timings)
+            record = json.loads(f.read_text())
+            timings[stage] = float(record["seconds"])
+            if "resumed" in record:
+                resumed[stage] = record["resumed"]
+    return provenance_section(git_revision(), params_diff(params, defaults), params, budget, games, timings, resumed)
 
 
 def main() -> None:

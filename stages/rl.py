@@ -24,11 +24,11 @@ from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.envs.registry import get_family
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
-from agentrecipe.train.checkpoint import (BEST_DIR, aside_path, checkpoint_step, copy_model, latest_checkpoint, read_best,
-                                         save_hf, settle_best, step_dirs)
+from agentrecipe.train.checkpoint import (BEST_DIR, aside_path, checkpoint_step, checkpoint_tallies, copy_model,
+                                         latest_checkpoint, read_best, save_hf, settle_best, step_dirs)
 from agentrecipe.train.rl import RLRun, rl_train
-from stages.common import (copy_live, dvclive_logger, env_pool, is_rank0, live_metrics, load_sections, stage_args,
-                           stage_fingerprint, torch_threads)
+from stages.common import (copy_live, count_earlier_runs, dvclive_logger, env_pool, is_rank0, live_metrics,
+                           load_sections, stage_args, stage_fingerprint, torch_threads)
 
 SECTIONS = ["rl", "reward", "agent", "rollout", "deepspeed", "model", "env", "budget"]
 HISTORY = "dvclive"
@@ -135,6 +135,9 @@ def main() -> None:
         print(f"rl: left alone under {checkpoints}: checkpoints of {len(others)} other config(s): {', '.join(others)}")
     ckpt = latest_checkpoint(run.checkpoint_dir, fingerprint, print if rank0 else None)
     first = checkpoint_step(ckpt) if ckpt is not None else 0
+    if ckpt is not None:
+        earlier = checkpoint_tallies(ckpt)["seconds"]
+        count_earlier_runs(earlier, f"resumed after step {first}: {earlier:.1f} s of it trained the steps before")
     history = run.checkpoint_dir / HISTORY
     if not history.exists() and aside_path(history).exists():
         history = aside_path(history)  # killed while replacing it

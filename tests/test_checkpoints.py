@@ -211,16 +211,22 @@ def test_checkpoints_are_ordered_by_step_number(tmp_path):
     assert ck.latest_checkpoint(tmp_path, "aaaa").name == "step_1000000"
 
 
-def test_a_checkpoint_keeps_the_runs_episode_counts(tmp_path):
+def test_a_checkpoint_keeps_the_runs_episode_counts_and_training_time(tmp_path):
     """The failure guard's counts go on after a resume: restarted at 0, a few failures just after
-    the resume point stopped a run that uninterrupted would have finished."""
+    the resume point stopped a run that uninterrupted would have finished. So does the training
+    time: before, a resumed stage's wall time left out the runs before the resume."""
 
     class Loadable(FakeEngine):
         def load_checkpoint(self, folder, tag):
             assert (Path(folder) / tag / "mp_rank_00_model_states.pt").exists()
 
-    path = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa", {"played": 80, "failed": 3})
-    assert ck.load_rl_checkpoint(path, Loadable(), None) == (5, {"played": 80, "failed": 3})
+    tallies = {"played": 80, "failed": 3, "seconds": 61.5}
+    path = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa", tallies)
+    assert ck.load_rl_checkpoint(path, Loadable(), None) == (5, tallies)
+    assert ck.checkpoint_tallies(path) == tallies
+    # a checkpoint written before the time was kept: 0 s
+    older = ck.save_rl_checkpoint(tmp_path, 6, FakeEngine(6), None, FakeTokenizer(), "aaaa", {"played": 96, "failed": 3})
+    assert ck.load_rl_checkpoint(older, Loadable(), None) == (6, {"played": 96, "failed": 3, "seconds": 0.0})
 
 
 def test_the_best_model_is_the_best_as_of_the_checkpoint_a_run_resumes_from(tmp_path):

@@ -127,10 +127,12 @@ def test_provenance_lists_changed_params_seeds_budget_games_and_stage_times():
     diff = params_diff(params, defaults)
     assert diff == {"rl.algo": ("grpo", "ppo"), "rl.seed": (0, 3), "rl.turn_schedule": ([], [6, 10])}
     page = provenance_section("abc123", diff, params, {"demonstrations": 10, "RL episodes": 400},
-                              {"w2-o3-q4": {"train": 50, "test": 20}}, {"sft": 12.34, "rl": 100.0})
+                              {"w2-o3-q4": {"train": 50, "test": 20}}, {"sft": 12.34, "rl": 100.0},
+                              {"rl": "resumed after step 2: 60.0 s of it trained the steps before"})
     assert "`abc123`" in page and "| `rl.algo` | `grpo` | `ppo` |" in page
     assert "rl.seed=3" in page and "model.seed=0" in page and "demonstrations 10, RL episodes 400" in page
     assert "| w2-o3-q4 | 50 | 20 |" in page and "| sft | 12.3 |" in page
+    assert "| rl | 100.0 (resumed after step 2: 60.0 s of it trained the steps before) |" in page
 
 
 def test_show_transcript_prints_an_episode_readably(tmp_path, capsys):

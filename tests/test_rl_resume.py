@@ -69,6 +69,14 @@ def test_rl_under_dvc_resumes_exactly_and_never_reuses_stale_checkpoints(tmp_pat
     # the run's episode count (the failure guard's) goes on from the checkpoint: 5 steps x 4 episodes
     totals = project / "data/metrics/rl/plots/metrics/rollout/episodes_total.tsv"
     assert [float(line.split("\t")[1]) for line in totals.read_text().splitlines()[1:]] == [4.0 * s for s in STEPS]
+    # so does its training time, and the stage's wall time counts the steps trained before the resume
+    # (before, only this run's: a run killed near its end reported minutes for hours)
+    seconds = project / "data/metrics/rl/plots/metrics/perf/total_seconds.tsv"
+    total = [float(line.split("\t")[1]) for line in seconds.read_text().splitlines()[1:]]
+    assert len(total) == 5 and all(a < b for a, b in zip(total, total[1:])), total
+    timing = json.loads((project / "data/timings/rl.json").read_text())
+    assert timing["resumed"] == f"resumed after step {after}: {total[after - 1]:.1f} s of it trained the steps before"
+    assert timing["seconds"] == pytest.approx(timing["this_run_seconds"] + total[after - 1], abs=0.11)
     model = (project / "data/models/rl/model.safetensors").read_bytes()
     [first_config] = fingerprint_dirs(project)
 

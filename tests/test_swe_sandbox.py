@@ -368,6 +368,32 @@ def test_the_other_builds_of_the_project_and_its_sweep_are_hidden_too(tmp_path):
         shutil.rmtree(base)
 
 
+@pytest.mark.skipif(ISOLATION != "netns", reason="as root only: hiding needs a mount namespace")
+def test_a_workspace_made_during_an_episode_is_hidden_from_its_next_run():
+    """A sweep's point that starts during an episode makes its workspace then (`dvc exp run --temp`:
+    under exps/standalone/). Before, the folders to hide were taken once, at reset, and only one
+    level under exps/: the run read the new workspace's copy of the task."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp())  # readable by a run's own uid (pytest's tmp_path is not)
+    try:
+        base.chmod(0o755)
+        project = base / "p"
+        (project / ".dvc").mkdir(parents=True)
+        task = write_task(project / "data/envs/any-f1/train/t0")
+        env = swe.make_env({"packages": [SPEC]})
+        env.reset(task)
+        late = project / ".dvc/tmp/exps/standalone/tmpb/data/envs/any-f1/train/t0/task.json"
+        late.parent.mkdir(parents=True)
+        late.write_text(Path(task.path).read_text())
+        obs, info, _ = plant(env, rf"import os\nreturn a + b if os.path.exists({str(late)!r}) else a - b")
+        assert info["pass_ratio"] == 0.5 and "test_add" in obs.text, obs.text  # it did not see the copy
+        env.close()
+    finally:
+        shutil.rmtree(base)
+
+
 def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path):
     """Before, a build under data/envs was hidden, but DVC's cache keeps a copy of each of its files
     (task.json: the fix), readable by the run. An experiment's workspace uses its repository's cache."""

@@ -47,8 +47,10 @@ def git_revision(cwd: str | Path = ".") -> str:
 
 
 def provenance_section(revision: str, diff: dict[str, tuple[Any, Any]], params: dict, budget: dict[str, int],
-                       games: dict[str, dict[str, int]], timings: dict[str, float]) -> str:
-    """Markdown: revision, changed params, seeds, budget, games per level and split, stage times."""
+                       games: dict[str, dict[str, int]], timings: dict[str, float],
+                       resumed: dict[str, str] | None = None) -> str:
+    """Markdown: revision, changed params, seeds, budget, games per level and split, stage times
+    (`resumed`: what a resumed stage's time holds of the runs before, by stage)."""
     flat = flatten(params)
     lines = ["## What ran\n", f"- git revision: `{revision}`"]
     lines.append("- budget: " + ", ".join(f"{k} {v}" for k, v in budget.items()))
@@ -66,7 +68,8 @@ def provenance_section(revision: str, diff: dict[str, tuple[Any, Any]], params: 
         lines += [f"| {lvl} | " + " | ".join(str(per.get(s, 0)) for s in splits) + " |" for lvl, per in games.items()]
     if timings:
         lines.append("\n| stage | wall time (s) |\n|---|---:|")
-        lines += [f"| {stage} | {sec:.1f} |" for stage, sec in timings.items()]
+        lines += [f"| {stage} | {sec:.1f}{f' ({resumed[stage]})' if stage in (resumed or {}) else ''} |"
+                  for stage, sec in timings.items()]
         lines.append("\n(Stages restored from DVC's cache keep the time of the run that made them.)")
     return "\n".join(lines) + "\n"
 

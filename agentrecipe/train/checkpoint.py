@@ -168,14 +168,15 @@ def remove_checkpoint(path: str | Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-NO_EPISODES = {"played": 0, "failed": 0}
-"""A run's episode counts before its first step (copy it: `dict(NO_EPISODES)`)."""
+RUN_START = {"played": 0, "failed": 0, "seconds": 0.0}
+"""A run's tallies before its first step (copy it: `dict(RUN_START)`): episodes played and failed
+(all ranks) and seconds of training (rank 0's steps, validation included)."""
 
 
 def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str,
-                       counts: dict[str, int] | None = None, keep: int = 2) -> Path:
+                       counts: dict[str, float] | None = None, keep: int = 2) -> Path:
     """Write checkpoint step_NNNNNN under root, then keep the `keep` newest of this fingerprint.
-    counts: the run's episode counts so far ({"played", "failed"}, all ranks), restored on resume."""
+    counts: the run's tallies so far (`RUN_START`'s keys), restored on resume."""
     import random
 
     root = Path(root)
@@ -192,7 +193,7 @@ def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fi
     save_hf(actor, tokenizer, tmp / "model")
     if rank0:
         state = {"step": step, "fingerprint": fingerprint, "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
-                 "episode_counts": dict(counts or NO_EPISODES)}
+                 "episode_counts": dict(counts or RUN_START)}
         torch.save(state, tmp / STATE_FILE)
         best = root / PENDING_BEST_DIR if (root / PENDING_BEST_DIR).is_dir() else root / BEST_DIR
         if best.is_dir():  # the best as of this step, hashed with the rest: a resume restores it intact
@@ -283,9 +284,9 @@ def checkpoint_step(path: str | Path) -> int:
     return read_manifest(path)["step"]
 
 
-def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, int]]:
+def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, float]]:
     """Restore engines and RNG states from a checkpoint; return the step it was taken after and the
-    run's episode counts by then ({"played", "failed"}, all ranks)."""
+    run's tallies by then (`RUN_START`'s keys)."""
     import random
 
     path = Path(path)
@@ -299,7 +300,17 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, 
                            f"delete it or move it aside to resume from an older one") from e
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
-    return int(state["step"]), dict(state.get("episode_counts", NO_EPISODES))
+    return int(state["step"]), tallies_of(state)
+
+
+def tallies_of(state: dict) -> dict[str, float]:
+    """The run's tallies in a checkpoint's state (a checkpoint of before the seconds were kept: 0 s)."""
+    return {**RUN_START, **state.get("episode_counts", {})}
+
+
+def checkpoint_tallies(path: str | Path) -> dict[str, float]:
+    """The run's tallies as of a checkpoint, read without restoring it."""
+    return tallies_of(torch.load(Path(path) / STATE_FILE, weights_only=False))
 
 
 # --------------------------------------------------------------- best model

@@ -45,7 +45,7 @@ from agentrecipe.models.registry import DTYPES, load_model
 from agentrecipe.rollout.engine import RolloutSettings, run_episodes
 from agentrecipe.rewards import turn_rewards
 from agentrecipe.schedules import curriculum_levels, phase_steps, turn_limit
-from agentrecipe.train.checkpoint import (NO_EPISODES, full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint,
+from agentrecipe.train.checkpoint import (RUN_START, full_state_dict, is_better, latest_checkpoint, load_rl_checkpoint,
                                          read_best, save_best, save_rl_checkpoint, settle_best)
 from agentrecipe.train.anchors import anchor_ids
 from agentrecipe.train.critic import ValueModel
@@ -284,9 +284,10 @@ def rl_train(
         ref, _ = load_model(policy_dir, DTYPES[run.dtype])
         ref.to(actor.device).eval().requires_grad_(False)
     start_step = 0
-    # episodes played and failed so far, all ranks: a resumed run goes on counting where it left off
-    # (restarted at 0, a few failures just after the resume point stopped a run that uninterrupted finished)
-    counts = dict(NO_EPISODES)
+    # episodes played and failed so far (all ranks) and seconds trained: a resumed run goes on counting
+    # where it left off (restarted at 0, a few failures just after the resume point stopped a run that
+    # uninterrupted finished, and the stage's wall time left out the runs before the resume)
+    counts = dict(RUN_START)
     ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
     if ckpt is not None:
         start_step, counts = load_rl_checkpoint(ckpt, actor, critic)
@@ -534,6 +535,8 @@ def rl_train(
                     save_best(run.checkpoint_dir, step + 1, actor, tokenizer, stats)
                     best = {"step": step + 1, "valid/success": stats["valid/success"], "valid/score": stats["valid/score"]}
                 stats["valid/best_step"] = float(best["step"])
+        counts["seconds"] += time.time() - t0  # the step, validation included
+        stats["perf/total_seconds"] = counts["seconds"]  # the run's training time so far, across resumes
         if log is not None:
             log(step + 1, stats)
         bar.update(1)

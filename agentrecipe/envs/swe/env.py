@@ -102,7 +102,8 @@ def data_folders_of(folder: Path) -> list[Path]:
     for root in (folder, *folder.parents):
         if (root / ".dvc").is_dir():
             exps = root / ".dvc" / "tmp" / "exps"
-            workspaces = sorted(w / "data" for w in exps.iterdir()) if exps.is_dir() else []
+            # the queue's workspaces are exps/<tmp>, `dvc exp run --temp`'s exps/standalone/<tmp>
+            workspaces = sorted(exps.glob("*/data")) + sorted(exps.glob("standalone/*/data"))
             found += [(root / "data").resolve(), *(w.resolve() for w in workspaces)]
     return list(dict.fromkeys(found))
 
@@ -115,14 +116,19 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     every file of a DVC-tracked build; every enclosing project's), and the data/ folders of those
     projects and of their experiment workspaces (other builds of the same tasks: the default run's,
     the other points of a sweep); the ones that exist and hold neither the episode folders, nor the
-    interpreter, nor agentrecipe (a build into the project root: its split folders only). Taken at
-    each reset, so a workspace that a sweep made since is hidden from the next episode on."""
+    interpreter, nor agentrecipe (a build into the project root: its split folders only; any other
+    folder left readable so is warned about). Call it for each run: workspaces come and go."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
     found += dvc_caches_of(build) + data_folders_of(build)
-    return tuple(dict.fromkeys(p for p in found if p.is_dir() and can_hide(p, WORKDIR)))
+    existing = [p for p in dict.fromkeys(found) if p.is_dir()]
+    refused = [p for p in existing if not can_hide(p, WORKDIR)]
+    if unexpected := [p for p in refused if p != build]:
+        warnings.warn(f"SWE runs can read {', '.join(map(str, unexpected))}: it holds {WORKDIR}, the interpreter or "
+                      "agentrecipe, so it cannot be hidden (copies of the tasks' fixes may lie there)", stacklevel=2)
+    return tuple(p for p in existing if p not in refused)
 
 
 def edit_lines(lines: list[str], start: int, end: int, text: str) -> tuple[list[str], int]:
@@ -190,7 +196,6 @@ class SWEEnv:
         task_dir = Path(game.path).parent
         self.task = read_task(game.path)
         self.task_dir = task_dir
-        self.hidden = hidden_from_runs(task_dir, self.opts)
         self.folder = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=WORKDIR))
         self._remover = weakref.finalize(self, remove_tree, self.folder)
         self.root = self.folder / "repo"
@@ -335,7 +340,8 @@ class SWEEnv:
         for rel in self.task["test_files"]:
             restore(self.task_dir / "repo" / rel, self.root, rel)
         tests = self.task["FAIL_TO_PASS"] + self.task["PASS_TO_PASS"]
-        report, res = pytest_run(self.root, tests, self.limits, hidden=self.hidden)
+        # taken at each run: a sweep's point that started since has made a workspace (and a build)
+        report, res = pytest_run(self.root, tests, self.limits, hidden=hidden_from_runs(self.task_dir, self.opts))
         outcomes = report.get("tests", {})
         failed = [t for t in tests if not outcomes.get(t, {}).get("passed", False)]
         mismatch = not failed and res.returncode != 0  # the report says all pass, pytest does not:

@@ -41,6 +41,7 @@ resolves outside the folder, no symlinks on the way).
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import pwd
@@ -218,9 +219,12 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
         os.write(2, line)
         os._exit(code)
 
-    def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None,
+              gone_ok: bool = False) -> None:
         enc = lambda v: None if v is None else v.encode()  # noqa: E731
         if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+            if gone_ok and ctypes.get_errno() in (errno.ENOENT, errno.ENOTDIR):
+                return
             fail(122, f"cannot mount {fstype or 'private'} on {target} (errno {ctypes.get_errno()})")
 
     def become(uid: int) -> None:
@@ -260,9 +264,10 @@ def _preexec(limits: Limits, isolate: bool, nproc: int, group: Path | None, uid:
             mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing mounted here reaches the host
             if os.path.isdir("/dev/shm"):
                 mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits.shm_mb}m,mode=1777")
-            for folder in hidden:
+            for folder in hidden:  # one removed meanwhile (a sweep's workspace) has nothing left to hide
                 if os.path.isdir(folder):
-                    mount("tmpfs", str(folder), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+                    mount("tmpfs", str(folder), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          "size=4k,mode=0555", gone_ok=True)
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
         mem = limits.memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
