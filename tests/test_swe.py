@@ -380,8 +380,10 @@ def test_a_build_into_the_project_root_hides_its_split_folders_only(tmp_path, mo
     refuses it): hidden_from_runs then hides the task's split folder only."""
     import sys
 
+    from agentrecipe.envs.swe import env as swe_env
     from agentrecipe.envs.swe.env import hidden_from_runs
 
+    monkeypatch.setattr(swe_env, "CODE_ROOT", tmp_path / "site-packages")  # agentrecipe installed, not this checkout
     task_dir = tmp_path / "any-f1" / "train" / "any-f1-s0"
     task_dir.mkdir(parents=True)
     (tmp_path / "_packages").mkdir()

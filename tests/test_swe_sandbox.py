@@ -394,9 +394,30 @@ def test_a_workspace_made_during_an_episode_is_hidden_from_its_next_run():
         shutil.rmtree(base)
 
 
-def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path):
+def test_a_build_outside_the_project_hides_the_projects_builds_too(tmp_path, monkeypatch):
+    """`agentrecipe evaluate --envs /scratch/envs`: before, only DVC projects around the build were
+    looked at, so the project agentrecipe runs from (on the run's PYTHONPATH) kept its own builds and
+    demonstrations (data/envs, data/sft: the fixes) and its DVC cache readable."""
+    from agentrecipe.envs.swe import env as swe_env
+
+    project = tmp_path / "project"
+    for folder in ("agentrecipe", ".dvc/cache", "data/envs", "data/sft"):
+        (project / folder).mkdir(parents=True)
+    monkeypatch.setattr(swe_env, "CODE_ROOT", project)
+    task_dir = tmp_path / "scratch/envs/op-f1/test/t0"
+    task_dir.mkdir(parents=True)
+    assert hidden_from_runs(task_dir, {}) == (task_dir.parent.resolve(), (project / ".dvc/cache").resolve(),
+                                              (project / "data").resolve())
+    monkeypatch.setattr(swe_env, "CODE_ROOT", tmp_path / "site-packages")  # installed: no project
+    assert hidden_from_runs(task_dir, {}) == (task_dir.parent.resolve(),)
+
+
+def test_the_dvc_cache_of_a_build_is_hidden_too(tmp_path, monkeypatch):
     """Before, a build under data/envs was hidden, but DVC's cache keeps a copy of each of its files
     (task.json: the fix), readable by the run. An experiment's workspace uses its repository's cache."""
+    from agentrecipe.envs.swe import env as swe_env
+
+    monkeypatch.setattr(swe_env, "CODE_ROOT", tmp_path / "site-packages")  # agentrecipe installed, not this checkout
     project = tmp_path / "p"
     (project / ".dvc" / "cache").mkdir(parents=True)
     task_dir = project / "data/envs/op-f1/test/t0"

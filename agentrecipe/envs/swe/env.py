@@ -94,6 +94,10 @@ def dvc_caches_of(folder: Path) -> list[Path]:
     return list(dict.fromkeys(caches))
 
 
+CODE_ROOT = Path(__file__).resolve().parents[3]
+"""Where agentrecipe is imported from: the project (a checkout), or site-packages (installed)."""
+
+
 def data_folders_of(folder: Path) -> list[Path]:
     """The data/ folders of every DVC project `folder` lies in and of each one's experiment
     workspaces (.dvc/tmp/exps/*/data), innermost project first. A sweep's points run in such
@@ -115,7 +119,8 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     env.swe.cache_dir, the DVC cache of the project the build lies in (it keeps a copy of
     every file of a DVC-tracked build; every enclosing project's), and the data/ folders of those
     projects and of their experiment workspaces (other builds of the same tasks: the default run's,
-    the other points of a sweep); the ones that exist and hold neither the episode folders, nor the
+    the other points of a sweep); the same of the project agentrecipe runs from (a build elsewhere,
+    e.g. `--envs /scratch/envs`, leaves the project's own builds and demonstrations); the ones that exist and hold neither the episode folders, nor the
     interpreter, nor agentrecipe (a build into the project root: its split folders only; any other
     folder left readable so is warned about). Call it for each run: workspaces come and go."""
     split_dir = task_dir.resolve().parent
@@ -123,6 +128,7 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
     found += dvc_caches_of(build) + data_folders_of(build)
+    found += dvc_caches_of(CODE_ROOT) + data_folders_of(CODE_ROOT)  # a build outside the project: the project's too
     existing = [p for p in dict.fromkeys(found) if p.is_dir()]
     refused = [p for p in existing if not can_hide(p, WORKDIR)]
     if unexpected := [p for p in refused if p != build]:
