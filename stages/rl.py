@@ -137,7 +137,9 @@ def main() -> None:
     first = checkpoint_step(ckpt) if ckpt is not None else 0
     if ckpt is not None:
         earlier = checkpoint_tallies(ckpt)["seconds"]
-        count_earlier_runs(earlier, f"resumed after step {first}: {earlier:.1f} s of it trained the steps before")
+        count_earlier_runs(earlier, f"resumed after step {first}: {earlier:.1f} s of it trained the steps before"
+                           if first < n_steps else f"all {n_steps} steps trained before ({earlier:.1f} s of it); "
+                           "this run wrote them out")
     history = run.checkpoint_dir / HISTORY
     if not history.exists() and aside_path(history).exists():
         history = aside_path(history)  # killed while replacing it

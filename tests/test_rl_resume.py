@@ -83,6 +83,7 @@ def test_rl_under_dvc_resumes_exactly_and_never_reuses_stale_checkpoints(tmp_pat
     # 3. `dvc repro -f rl`: same params, code and inputs; says so, trains nothing, keeps model and curves
     out = run(["dvc", "repro", "-f", "-s", "rl"], project, env)  # -s: upstream stays cached (the drill runs the full -f)
     assert "already trained all 5 steps" in out and "resumed from" not in out
+    assert json.loads((project / "data/timings/rl.json").read_text())["resumed"].startswith("all 5 steps trained before")
     assert logged_steps(project) == STEPS
     assert json.loads((project / "data/metrics/rl/metrics.json").read_text())["step"] == 5
     assert (project / "data/models/rl/model.safetensors").read_bytes() == model

@@ -170,7 +170,8 @@ def remove_checkpoint(path: str | Path) -> None:
 
 RUN_START = {"played": 0, "failed": 0, "seconds": 0.0}
 """A run's tallies before its first step (copy it: `dict(RUN_START)`): episodes played and failed
-(all ranks) and seconds of training (rank 0's steps, validation included)."""
+(all ranks) and seconds of training (rank 0's steps with their validation and checkpoints; not the
+start-up of each process, nor steps lost to a kill after the last checkpoint)."""
 
 
 def save_rl_checkpoint(root: str | Path, step: int, actor, critic, tokenizer, fingerprint: str,
@@ -310,7 +311,11 @@ def tallies_of(state: dict) -> dict[str, float]:
 
 def checkpoint_tallies(path: str | Path) -> dict[str, float]:
     """The run's tallies as of a checkpoint, read without restoring it."""
-    return tallies_of(torch.load(Path(path) / STATE_FILE, weights_only=False))
+    try:
+        return tallies_of(torch.load(Path(path) / STATE_FILE, weights_only=False))
+    except Exception as e:  # noqa: BLE001 - name the checkpoint, as load_rl_checkpoint does
+        raise RuntimeError(f"{path}: cannot load this checkpoint ({type(e).__name__}: {e}); "
+                           f"delete it or move it aside to resume from an older one") from e
 
 
 # --------------------------------------------------------------- best model

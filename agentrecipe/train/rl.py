@@ -542,6 +542,8 @@ def rl_train(
         bar.update(1)
         bar.set_postfix(success=f"{stats['rollout/success']:.2f}", turns=max_turns)
         if (step + 1) % rl.checkpoint_every == 0 or step + 1 == run.n_steps:
+            t_save = time.time()
             save_rl_checkpoint(run.checkpoint_dir, step + 1, actor, critic, tokenizer, run.fingerprint, counts)
+            counts["seconds"] += time.time() - t_save  # in the next checkpoint's tally
     bar.close()
     return actor, tokenizer, start_step
