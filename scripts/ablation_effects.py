@@ -92,6 +92,20 @@ def _close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) < 1e-9 for x, y in zip(a, b))
 
 
+def reward_modes(name: str, env: str, levels: list[str], games: str, score: str) -> list[Ablation]:
+    """`env=<env>` with sparse reward (the return is the win) and with dense (the return follows the score)."""
+    return [
+        Ablation(f"{name}_sparse", [f"env={env}"], f"{games}sparse reward: the return is the win (return = success)",
+                 lambda f, _: f["train_levels"] == levels and _close(f["return"], f["success"]),
+                 lambda f: f"levels {f['train_levels']}, return {_fmt(f['return'])}, success {_fmt(f['success'])}"),
+        Ablation(f"{name}_dense", [f"env={env}", "reward=dense"], f"dense reward: the return follows {score}",
+                 lambda f, s: _close(f["return"], f["score"]) and not _close(f["score"], f["success"])
+                 and not _close(f["return"], s["return"]),
+                 lambda f: f"return {_fmt(f['return'])}, score {_fmt(f['score'])}, success {_fmt(f['success'])}",
+                 against=f"{name}_sparse"),
+    ]
+
+
 ABLATIONS = [
     Ablation("baseline", [], "the micro recipe runs", lambda f, _: f["rl_steps"] > 0 and f["demos"] > 0,
              lambda f: f"demos {f['demos']}, RL steps {f['rl_steps']}, levels {f['train_levels']}"),
@@ -101,25 +115,10 @@ ABLATIONS = [
     Ablation("pure_sft", ["budget.sft_fraction=1"], "every unit buys demonstrations; no RL step",
              lambda f, b: f["demos"] > b["demos"] and f["rl_steps"] == 0,
              lambda f: f"demos {f['demos']}, RL steps {f['rl_steps']}"),
-    Ablation("dense_games_sparse", ["env=textworld_dense"], "sparse reward: the return is the win (return = success)",
-             lambda f, _: f["train_levels"] == ["simple-dense-detailed"] and _close(f["return"], f["success"]),
-             lambda f: f"levels {f['train_levels']}, return {_fmt(f['return'])}, success {_fmt(f['success'])}"),
-    Ablation("dense_games_dense", ["env=textworld_dense", "reward=dense"],
-             "dense reward: the return follows the score, which moves before the win",
-             lambda f, s: _close(f["return"], f["score"]) and not _close(f["score"], f["success"])
-             and not _close(f["return"], s["return"]),
-             lambda f: f"return {_fmt(f['return'])}, score {_fmt(f['score'])}, success {_fmt(f['success'])}",
-             against="dense_games_sparse"),
-    Ablation("quests_sparse", ["env=textworld_quests"],
-             "custom games of two quests (finding 2's); sparse reward: the return is the win",
-             lambda f, _: f["train_levels"] == ["w2-o3-q2-p2"] and _close(f["return"], f["success"]),
-             lambda f: f"levels {f['train_levels']}, return {_fmt(f['return'])}, success {_fmt(f['success'])}"),
-    Ablation("quests_dense", ["env=textworld_quests", "reward=dense"],
-             "dense reward: the return follows the score, a point per quest before the win",
-             lambda f, s: _close(f["return"], f["score"]) and not _close(f["score"], f["success"])
-             and not _close(f["return"], s["return"]),
-             lambda f: f"return {_fmt(f['return'])}, score {_fmt(f['score'])}, success {_fmt(f['success'])}",
-             against="quests_sparse"),
+    *reward_modes("dense_games", "textworld_dense", ["simple-dense-detailed"], "",
+                  "the score, which moves before the win"),
+    *reward_modes("quests", "textworld_quests", ["w2-o3-q2-p2"], "custom games of two quests (finding 2's); ",
+                  "the score, a point per quest before the win"),
     Ablation("ppo", ["rl=ppo"], "PPO trains a critic (value loss logged), other weights than GRPO",
              lambda f, b: bool(f["value_loss"]) and f["rl_weights"] != b["rl_weights"],
              lambda f: f"value loss {_fmt(f['value_loss'])}, weights {f['rl_weights']}"),

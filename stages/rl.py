@@ -24,8 +24,9 @@ from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.envs.registry import get_family
 from agentrecipe.rollout import make_backend
 from agentrecipe.schedules import unreached_phases
-from agentrecipe.train.checkpoint import (BEST_DIR, aside_path, checkpoint_step, checkpoint_tallies, copy_model,
-                                         latest_checkpoint, read_best, save_hf, settle_best, step_dirs)
+from agentrecipe.train.checkpoint import (BEST_DIR, aside_path, checkpoint_step, copy_model,
+                                         latest_checkpoint, read_best, read_state, save_hf, settle_best,
+                                         step_dirs, tallies_of)
 from agentrecipe.train.rl import RLRun, rl_train
 from stages.common import (copy_live, count_earlier_runs, dvclive_logger, env_pool, is_rank0, live_metrics,
                            load_sections, stage_args, stage_fingerprint, torch_threads)
@@ -136,7 +137,7 @@ def main() -> None:
     ckpt = latest_checkpoint(run.checkpoint_dir, fingerprint, print if rank0 else None)
     first = checkpoint_step(ckpt) if ckpt is not None else 0
     if ckpt is not None:
-        earlier = checkpoint_tallies(ckpt)["seconds"]
+        earlier = tallies_of(read_state(ckpt))["seconds"]
         count_earlier_runs(earlier, f"resumed after step {first}: {earlier:.1f} s of it trained the steps before"
                            if first < n_steps else f"all {n_steps} steps trained before ({earlier:.1f} s of it); "
                            "this run wrote them out")

@@ -223,7 +223,7 @@ def test_a_checkpoint_keeps_the_runs_episode_counts_and_training_time(tmp_path):
     tallies = {"played": 80, "failed": 3, "seconds": 61.5}
     path = ck.save_rl_checkpoint(tmp_path, 5, FakeEngine(5), None, FakeTokenizer(), "aaaa", tallies)
     assert ck.load_rl_checkpoint(path, Loadable(), None) == (5, tallies)
-    assert ck.checkpoint_tallies(path) == tallies
+    assert ck.tallies_of(ck.read_state(path)) == tallies
     # a checkpoint written before the time was kept: 0 s
     older = ck.save_rl_checkpoint(tmp_path, 6, FakeEngine(6), None, FakeTokenizer(), "aaaa", {"played": 96, "failed": 3})
     assert ck.load_rl_checkpoint(older, Loadable(), None) == (6, {"played": 96, "failed": 3, "seconds": 0.0})

@@ -36,6 +36,18 @@ def task(tmp_path) -> GameSpec:
     return write_task(tmp_path / "task")
 
 
+@pytest.fixture
+def readable_tmp():
+    """A temporary folder a run's own uid may enter (pytest's tmp_path is 0700 root's)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp())
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base)
+
+
 def write_task(folder: Path) -> GameSpec:
     for rel, text in CALC.items():
         (folder / "repo" / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -335,63 +347,47 @@ def test_a_dropped_env_is_freed_and_its_episode_folder_removed(task):
     assert ref() is None and not folder.exists()
 
 
-def test_the_other_builds_of_the_project_and_its_sweep_are_hidden_too(tmp_path):
+def test_the_other_builds_of_the_project_and_its_sweep_are_hidden_too(readable_tmp):
     """Before, a sweep's point (run in an experiment workspace, .dvc/tmp/exps/<name>) had its own build
     hidden, but the project's data/envs (the default run's build) and the other workspaces' builds
     (the sweep's other points, often the same tasks) were readable, fixes and all."""
-    import shutil
-    import tempfile
-
-    base = Path(tempfile.mkdtemp())  # readable by a run's own uid (pytest's tmp_path is not)
-    try:
-        base.chmod(0o755)
-        project = base / "p"
-        mine, other = project / ".dvc/tmp/exps/tmpa", project / ".dvc/tmp/exps/tmpb"
-        for workspace in (project, mine, other):
-            (workspace / ".dvc").mkdir(parents=True)
-            (workspace / "data/envs/op-f1/test/t0").mkdir(parents=True)
-            (workspace / "data/envs/op-f1/test/t0/task.json").write_text('{"fix": "secret"}')
-        (project / ".dvc/tmp/exps/celery").mkdir()  # the queue's own folder: no data/
-        hidden = hidden_from_runs(mine / "data/envs/op-f1/test/t0", {})
-        assert {(w / "data").resolve() for w in (project, mine, other)} <= set(hidden)
-        assert all(p.is_dir() and "celery" not in p.parts for p in hidden)
-        # the default run's build: its split folder first, as before, then the project's data/
-        assert hidden_from_runs(project / "data/envs/op-f1/test/t0", {})[:2] == \
-            ((project / "data/envs/op-f1/test").resolve(), (project / "data").resolve())
-        if os.geteuid() == 0 and ISOLATION == "netns":  # what a run sees: none of the three
-            code = f"import glob; print(len(glob.glob({str(project / '**/task.json')!r}, recursive=True, include_hidden=True)))"
-            seen = run_limited([sys.executable, "-c", code], "/tmp", Limits())
-            assert seen.returncode == 0 and seen.output.strip() == "3", seen.output  # readable unhidden
-            res = run_limited([sys.executable, "-c", code], "/tmp", Limits(), hidden=hidden)
-            assert res.returncode == 0 and res.output.strip() == "0", res.output
-    finally:
-        shutil.rmtree(base)
+    project = readable_tmp / "p"
+    mine, other = project / ".dvc/tmp/exps/tmpa", project / ".dvc/tmp/exps/tmpb"
+    for workspace in (project, mine, other):
+        (workspace / ".dvc").mkdir(parents=True)
+        (workspace / "data/envs/op-f1/test/t0").mkdir(parents=True)
+        (workspace / "data/envs/op-f1/test/t0/task.json").write_text('{"fix": "secret"}')
+    (project / ".dvc/tmp/exps/celery").mkdir()  # the queue's own folder: no data/
+    hidden = hidden_from_runs(mine / "data/envs/op-f1/test/t0", {})
+    assert {(w / "data").resolve() for w in (project, mine, other)} <= set(hidden)
+    assert all(p.is_dir() and "celery" not in p.parts for p in hidden)
+    # the default run's build: its split folder first, as before, then the project's data/
+    assert hidden_from_runs(project / "data/envs/op-f1/test/t0", {})[:2] == \
+        ((project / "data/envs/op-f1/test").resolve(), (project / "data").resolve())
+    if os.geteuid() == 0 and ISOLATION == "netns":  # what a run sees: none of the three
+        code = f"import glob; print(len(glob.glob({str(project / '**/task.json')!r}, recursive=True, include_hidden=True)))"
+        seen = run_limited([sys.executable, "-c", code], "/tmp", Limits())
+        assert seen.returncode == 0 and seen.output.strip() == "3", seen.output  # readable unhidden
+        res = run_limited([sys.executable, "-c", code], "/tmp", Limits(), hidden=hidden)
+        assert res.returncode == 0 and res.output.strip() == "0", res.output
 
 
 @pytest.mark.skipif(ISOLATION != "netns", reason="as root only: hiding needs a mount namespace")
-def test_a_workspace_made_during_an_episode_is_hidden_from_its_next_run():
+def test_a_workspace_made_during_an_episode_is_hidden_from_its_next_run(readable_tmp):
     """A sweep's point that starts during an episode makes its workspace then (`dvc exp run --temp`:
     under exps/standalone/). Before, the folders to hide were taken once, at reset, and only one
     level under exps/: the run read the new workspace's copy of the task."""
-    import shutil
-    import tempfile
-
-    base = Path(tempfile.mkdtemp())  # readable by a run's own uid (pytest's tmp_path is not)
-    try:
-        base.chmod(0o755)
-        project = base / "p"
-        (project / ".dvc").mkdir(parents=True)
-        task = write_task(project / "data/envs/any-f1/train/t0")
-        env = swe.make_env({"packages": [SPEC]})
-        env.reset(task)
-        late = project / ".dvc/tmp/exps/standalone/tmpb/data/envs/any-f1/train/t0/task.json"
-        late.parent.mkdir(parents=True)
-        late.write_text(Path(task.path).read_text())
-        obs, info, _ = plant(env, rf"import os\nreturn a + b if os.path.exists({str(late)!r}) else a - b")
-        assert info["pass_ratio"] == 0.5 and "test_add" in obs.text, obs.text  # it did not see the copy
-        env.close()
-    finally:
-        shutil.rmtree(base)
+    project = readable_tmp / "p"
+    (project / ".dvc").mkdir(parents=True)
+    task = write_task(project / "data/envs/any-f1/train/t0")
+    env = swe.make_env({"packages": [SPEC]})
+    env.reset(task)
+    late = project / ".dvc/tmp/exps/standalone/tmpb/data/envs/any-f1/train/t0/task.json"
+    late.parent.mkdir(parents=True)
+    late.write_text(Path(task.path).read_text())
+    obs, info, _ = plant(env, rf"import os\nreturn a + b if os.path.exists({str(late)!r}) else a - b")
+    assert info["pass_ratio"] == 0.5 and "test_add" in obs.text, obs.text  # it did not see the copy
+    env.close()
 
 
 def test_a_build_outside_the_project_hides_the_projects_builds_too(tmp_path, monkeypatch):

@@ -295,27 +295,30 @@ def load_rl_checkpoint(path: str | Path, actor, critic) -> tuple[int, dict[str, 
         actor.load_checkpoint(str(path / "actor_state"), tag="state")
         if critic is not None:
             critic.load_checkpoint(str(path / "critic_state"), tag="state")
-        state = torch.load(path / STATE_FILE, weights_only=False)
-    except Exception as e:  # noqa: BLE001 - name the checkpoint, whatever DeepSpeed / torch raised
-        raise RuntimeError(f"{path}: cannot load this checkpoint ({type(e).__name__}: {e}); "
-                           f"delete it or move it aside to resume from an older one") from e
+    except Exception as e:  # noqa: BLE001 - name the checkpoint, whatever DeepSpeed raised
+        raise _unloadable(path, e) from e
+    state = read_state(path)
     random.setstate(state["python_rng"])
     torch.set_rng_state(state["torch_rng"])
     return int(state["step"]), tallies_of(state)
 
 
+def _unloadable(path: Path, e: Exception) -> RuntimeError:
+    return RuntimeError(f"{path}: cannot load this checkpoint ({type(e).__name__}: {e}); "
+                        f"delete it or move it aside to resume from an older one")
+
+
+def read_state(path: str | Path) -> dict:
+    """A checkpoint's training state (step, RNG states, tallies); RuntimeError naming it if unreadable."""
+    try:
+        return torch.load(Path(path) / STATE_FILE, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - name the checkpoint, whatever torch raised
+        raise _unloadable(Path(path), e) from e
+
+
 def tallies_of(state: dict) -> dict[str, float]:
     """The run's tallies in a checkpoint's state (a checkpoint of before the seconds were kept: 0 s)."""
     return {**RUN_START, **state.get("episode_counts", {})}
-
-
-def checkpoint_tallies(path: str | Path) -> dict[str, float]:
-    """The run's tallies as of a checkpoint, read without restoring it."""
-    try:
-        return tallies_of(torch.load(Path(path) / STATE_FILE, weights_only=False))
-    except Exception as e:  # noqa: BLE001 - name the checkpoint, as load_rl_checkpoint does
-        raise RuntimeError(f"{path}: cannot load this checkpoint ({type(e).__name__}: {e}); "
-                           f"delete it or move it aside to resume from an older one") from e
 
 
 # --------------------------------------------------------------- best model

@@ -73,24 +73,28 @@ def sweep_stale(root: Path = WORKDIR) -> int:
     return n
 
 
-def dvc_caches_of(folder: Path) -> list[Path]:
-    """The caches of every DVC project `folder` lies in, innermost first (DVC's config: an
-    experiment's workspace under .dvc/tmp/exps uses its repository's cache, which is also the
-    enclosing project's). A config DVC cannot read counts as its default cache, with a warning."""
-    caches = []
-    for root in (folder, *folder.parents):
-        if (root / ".dvc").is_dir():
-            try:
-                from dvc.config import Config
+def dvc_projects_of(folder: Path) -> list[Path]:
+    """The roots of every DVC project `folder` lies in, innermost first."""
+    return [root for root in (folder, *folder.parents) if (root / ".dvc").is_dir()]
 
-                cache = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
-            except ImportError:
-                cache = None  # no DVC installed: the project's config is not ours to read; its default
-            except Exception as e:  # noqa: BLE001 - a config DVC cannot read
-                warnings.warn(f"{root / '.dvc'}: DVC's config unreadable ({e}); hiding its default cache "
-                              "from SWE runs only", stacklevel=2)
-                cache = None
-            caches.append((root / ".dvc" / cache if cache else root / ".dvc" / "cache").resolve())
+
+def dvc_caches_of(projects: list[Path]) -> list[Path]:
+    """The caches of these DVC projects (DVC's config: an experiment's workspace under .dvc/tmp/exps
+    uses its repository's cache, which is also the enclosing project's). A config DVC cannot read
+    counts as its default cache, with a warning."""
+    caches = []
+    for root in projects:
+        try:
+            from dvc.config import Config
+
+            cache = Config(dvc_dir=str(root / ".dvc"))["cache"].get("dir")
+        except ImportError:
+            cache = None  # no DVC installed: the project's config is not ours to read; its default
+        except Exception as e:  # noqa: BLE001 - a config DVC cannot read
+            warnings.warn(f"{root / '.dvc'}: DVC's config unreadable ({e}); hiding its default cache "
+                          "from SWE runs only", stacklevel=2)
+            cache = None
+        caches.append((root / ".dvc" / cache if cache else root / ".dvc" / "cache").resolve())
     return list(dict.fromkeys(caches))
 
 
@@ -98,17 +102,16 @@ CODE_ROOT = Path(__file__).resolve().parents[3]
 """Where agentrecipe is imported from: the project (a checkout), or site-packages (installed)."""
 
 
-def data_folders_of(folder: Path) -> list[Path]:
-    """The data/ folders of every DVC project `folder` lies in and of each one's experiment
-    workspaces (.dvc/tmp/exps/*/data), innermost project first. A sweep's points run in such
-    workspaces side by side, often on the same tasks: each one's data/envs holds their fixes."""
+def data_folders_of(projects: list[Path]) -> list[Path]:
+    """The data/ folders of these DVC projects and of each one's experiment workspaces
+    (.dvc/tmp/exps/*/data). A sweep's points run in such workspaces side by side, often on the
+    same tasks: each one's data/envs holds their fixes."""
     found = []
-    for root in (folder, *folder.parents):
-        if (root / ".dvc").is_dir():
-            exps = root / ".dvc" / "tmp" / "exps"
-            # the queue's workspaces are exps/<tmp>, `dvc exp run --temp`'s exps/standalone/<tmp>
-            workspaces = sorted(exps.glob("*/data")) + sorted(exps.glob("standalone/*/data"))
-            found += [(root / "data").resolve(), *(w.resolve() for w in workspaces)]
+    for root in projects:
+        exps = root / ".dvc" / "tmp" / "exps"
+        # the queue's workspaces are exps/<tmp>, `dvc exp run --temp`'s exps/standalone/<tmp>
+        workspaces = sorted(exps.glob("*/data")) + sorted(exps.glob("standalone/*/data"))
+        found += [(root / "data").resolve(), *(w.resolve() for w in workspaces)]
     return list(dict.fromkeys(found))
 
 
@@ -120,15 +123,19 @@ def hidden_from_runs(task_dir: Path, opts: dict) -> tuple[Path, ...]:
     every file of a DVC-tracked build; every enclosing project's), and the data/ folders of those
     projects and of their experiment workspaces (other builds of the same tasks: the default run's,
     the other points of a sweep); the same of the project agentrecipe runs from (a build elsewhere,
-    e.g. `--envs /scratch/envs`, leaves the project's own builds and demonstrations); the ones that exist and hold neither the episode folders, nor the
-    interpreter, nor agentrecipe (a build into the project root: its split folders only; any other
-    folder left readable so is warned about). Call it for each run: workspaces come and go."""
+    e.g. `--envs /scratch/envs`, leaves the project's own builds and demonstrations); the ones that
+    exist and hold neither the episode folders, nor the interpreter, nor agentrecipe (a build into
+    the project root: its split folders only; any other folder left readable so is warned about).
+    Call it for each run: workspaces come and go."""
     split_dir = task_dir.resolve().parent
     build = split_dir.parents[1] if len(split_dir.parents) > 1 else split_dir
     found = [split_dir, *([build] if (build / "_packages").is_dir() else [])]
     found += [Path(opts["cache_dir"]).resolve()] if opts.get("cache_dir") else []
-    found += dvc_caches_of(build) + data_folders_of(build)
-    found += dvc_caches_of(CODE_ROOT) + data_folders_of(CODE_ROOT)  # a build outside the project: the project's too
+    build_projects = dvc_projects_of(build)
+    # a build outside the project: the project's too (each DVC config read once)
+    code_projects = [r for r in dvc_projects_of(CODE_ROOT) if r not in build_projects]
+    for projects in (build_projects, code_projects):
+        found += dvc_caches_of(projects) + data_folders_of(projects)
     existing = [p for p in dict.fromkeys(found) if p.is_dir()]
     refused = [p for p in existing if not can_hide(p, WORKDIR)]
     if unexpected := [p for p in refused if p != build]:
