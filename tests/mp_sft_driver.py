@@ -1,10 +1,12 @@
 """Driver for tests/test_multiprocess.py: SFT steps under torchrun, then every rank writes its weights.
 
-    torchrun --nproc_per_node 2 tests/mp_sft_driver.py --rows rows.jsonl --out OUT --zero-stage 2
+    torchrun --nproc_per_node 2 tests/mp_sft_driver.py --rows rows.jsonl --out OUT --zero-stage 1 2 3
 
-Each rank builds the same tiny model (fixed seed), trains with `sft_train` on its
-shard of every batch, gathers the full state dict (a collective under ZeRO-3)
-and saves it as OUT/rank{R}.pt next to OUT/init.pt (the weights before training).
+For each ZeRO stage given (one after the other in the same processes: one launch, one
+import of torch and DeepSpeed), each rank builds the same tiny model (fixed seed), trains
+with `sft_train` on its shard of every batch, gathers the full state dict (a collective
+under ZeRO-3) and saves it as OUT/zero{S}/rank{R}.pt next to OUT/init.pt (the weights
+before training).
 """
 
 from __future__ import annotations
@@ -36,21 +38,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", required=True, help="jsonl of {input_ids, action_mask}")
     p.add_argument("--out", required=True)
-    p.add_argument("--zero-stage", type=int, default=0)
+    p.add_argument("--zero-stage", type=int, nargs="+", default=[0], help="one run per stage, in this order")
     p.add_argument("--batch-size", type=int, default=4)
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(args.out)
     rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines()]
-    model = tiny_model()
     if rank == 0:
-        torch.save({k: v.clone() for k, v in model.state_dict().items()}, out / "init.pt")
+        torch.save({k: v.clone() for k, v in tiny_model().state_dict().items()}, out / "init.pt")
     cfg = SFTConfig(lr=1e-2, epochs=1, batch_size=args.batch_size, warmup_steps=0)
-    engine = sft_train(model, PAD, rows, cfg, DeepSpeedConfig(zero_stage=args.zero_stage))
-    state = full_state_dict(engine)  # every rank takes part (ZeRO-3 gathers)
-    torch.save(state, out / f"rank{rank}.pt")
-    print(f"rank {rank}/{os.environ.get('WORLD_SIZE')}: zero {args.zero_stage}, {len(rows)} rows, done", flush=True)
+    for zero_stage in args.zero_stage:
+        engine = sft_train(tiny_model(), PAD, rows, cfg, DeepSpeedConfig(zero_stage=zero_stage))
+        state = full_state_dict(engine)  # every rank takes part (ZeRO-3 gathers)
+        (out / f"zero{zero_stage}").mkdir(exist_ok=True)
+        torch.save(state, out / f"zero{zero_stage}" / f"rank{rank}.pt")
+        print(f"rank {rank}/{os.environ.get('WORLD_SIZE')}: zero {zero_stage}, {len(rows)} rows, done", flush=True)
 
 
 if __name__ == "__main__":

@@ -521,7 +521,7 @@ def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
     from flows.sweep import sweep
 
     project = make_project(tmp_path / "p", SLEEP_YAML, {})
-    state = sweep(overrides=["train.lr=0.1,0.2"], project_dir=str(project), timeout_s=45, return_state=True)
+    state = sweep(overrides=["train.lr=0.1,0.2"], project_dir=str(project), timeout_s=30, return_state=True)
     assert state.is_failed() and "the queue did not finish" in state.message and "timeout" in state.message
     with (project / "data/sweeps/sweep/results.csv").open() as f:
         assert [r["state"] != "success" for r in csv.DictReader(f)] == [True, True]
@@ -540,7 +540,7 @@ def test_sweep_stop_after_lets_the_running_point_finish_and_runs_no_other(prefec
 
     # The first point is well under way at the deadline (a queue worker starts it within seconds), and
     # runs on past it.
-    slow = SWEEP_YAML.replace("cmd: python score.py", "cmd: python -c 'import time; time.sleep(40)' && python score.py")
+    slow = SWEEP_YAML.replace("cmd: python score.py", "cmd: python -c 'import time; time.sleep(25)' && python score.py")
     project = make_project(tmp_path / "p", slow, {"score.py": SWEEP_SCORE_PY})
     state = sweep(overrides=["train.lr=0.1,0.2,0.3"], project_dir=str(project), stop_after_s=20, return_state=True)
     assert state.is_completed(), state.message

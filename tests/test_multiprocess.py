@@ -47,20 +47,22 @@ def torchrun(args: list[str], cwd: Path, timeout: int = 600, nproc: int = 2) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [1, 2, 3])
-def test_sft_two_ranks_identical_weights(tmp_path, zero_stage):
+def test_sft_two_ranks_identical_weights(tmp_path):
+    """ZeRO stages 1, 2 and 3, one after the other in one launch (each launch spends most of its time
+    importing torch and DeepSpeed on both ranks)."""
     rows = tmp_path / "rows.jsonl"
     # batch 4 -> 3 steps, 2 rows per rank. DeepSpeed's WarmupLR runs the first two steps at lr 0
     # (warmup_num_steps is clamped to >= 2 and the ramp starts at warmup_min_lr = 0), so 3 steps move the weights.
     rows.write_text("\n".join(json.dumps(r) for r in fake_rows(12)))
-    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path), "--zero-stage", str(zero_stage)], ROOT)
+    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path), "--zero-stage", "1", "2", "3"], ROOT)
     init = torch.load(tmp_path / "init.pt")
-    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
-    assert r0.keys() == r1.keys() == init.keys()
-    for k in r0:
-        assert torch.equal(r0[k], r1[k]), f"rank weights differ at {k}"
-    changed = [k for k in r0 if not torch.equal(r0[k], init[k])]
-    assert len(changed) == len(r0), f"unchanged after training: {sorted(set(r0) - set(changed))}"
+    for zero_stage in (1, 2, 3):
+        r0, r1 = (torch.load(tmp_path / f"zero{zero_stage}" / f"rank{r}.pt") for r in (0, 1))
+        assert r0.keys() == r1.keys() == init.keys(), zero_stage
+        for k in r0:
+            assert torch.equal(r0[k], r1[k]), f"zero {zero_stage}: rank weights differ at {k}"
+        changed = [k for k in r0 if not torch.equal(r0[k], init[k])]
+        assert len(changed) == len(r0), f"zero {zero_stage}: unchanged after training: {sorted(set(r0) - set(changed))}"
 
 
 @pytest.mark.slow
@@ -76,7 +78,7 @@ def test_sft_on_two_ranks_takes_the_one_rank_step(tmp_path):
         out = tmp_path / f"ranks{nproc}"
         out.mkdir()
         torchrun([str(DRIVER), "--rows", str(rows), "--out", str(out), "--batch-size", "3"], ROOT, nproc=nproc)
-        init, trained = torch.load(out / "init.pt"), torch.load(out / "rank0.pt")
+        init, trained = torch.load(out / "init.pt"), torch.load(out / "zero0" / "rank0.pt")
         updates[nproc] = torch.cat([(trained[k] - init[k]).flatten() for k in init])
     assert updates[1].norm() > 0
     assert float((updates[2] - updates[1]).norm() / updates[1].norm()) < 1e-4
@@ -120,13 +122,17 @@ def _tiny(vocab: int, pad: int, eos: int):
 RL_DRIVER = ROOT / "tests" / "mp_rl_driver.py"
 
 
+# (ZeRO stage, rl.target_kl, update epochs) of the multi-rank RL runs: 3 epochs with the early stop, so
+# rank 0 (one minibatch an epoch) has minibatches left to skip
+RL_RUNS = [(0, None, 2), (3, None, 2), (3, 1e-6, 3)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage,target_kl", [(0, None), (3, None), (3, 1e-6)])
-def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage, target_kl):
+def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path):
     """Ranks with different sequence counts, one of them without any batch in step 2: no rank
-    waits forever on a collective (the run ends within the timeout) and both end identical. With
-    rl.target_kl (3 epochs: rank 0 has one minibatch an epoch) each rank measures its own minibatches'
-    approx_kl and all stop together."""
+    waits forever on a collective (the runs end within the timeout) and both end identical. With
+    rl.target_kl each rank measures its own minibatches' approx_kl and all stop together. The runs
+    of RL_RUNS go one after the other in one launch."""
     from agentrecipe.agent.prompt import user_text
     from agentrecipe.config import ModelConfig
     from agentrecipe.models.registry import build_tiny
@@ -143,13 +149,15 @@ def test_rl_two_ranks_uneven_batches_and_a_failed_step(tmp_path, zero_stage, tar
     policy = tmp_path / "policy"
     model.save_pretrained(policy)
     tokenizer.save_pretrained(policy)
-    res = torchrun([str(RL_DRIVER), "--policy", str(policy), "--out", str(tmp_path), "--zero-stage", str(zero_stage),
-                    *(["--target-kl", str(target_kl), "--update-epochs", "3"] if target_kl else [])], ROOT, timeout=420)
-    r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
-    assert r1["failed"] == [0.0, 2.0, 0.0] and r0["failed"] == [0.0, 0.0, 0.0], res.stdout
-    assert r0["early_stopped"] == r1["early_stopped"], res.stdout  # the same minibatches on both ranks
-    assert (max(r0["early_stopped"]) > 0) == (target_kl is not None), res.stdout
+    runs = [a for zero_stage, target_kl, epochs in RL_RUNS for a in ("--train", str(zero_stage), str(target_kl).lower(), str(epochs))]
+    res = torchrun([str(RL_DRIVER), "--policy", str(policy), "--out", str(tmp_path), *runs], ROOT, timeout=600)
     init = model.state_dict()
-    for k in r0["actor"]:
-        assert torch.equal(r0["actor"][k], r1["actor"][k]), f"rank weights differ at {k}"
-    assert any(not torch.equal(r0["actor"][k], init[k]) for k in init), "the policy did not move"
+    for i, (zero_stage, target_kl, _) in enumerate(RL_RUNS):
+        run = f"zero {zero_stage}, target_kl {target_kl}"
+        r0, r1 = (torch.load(tmp_path / f"run{i}" / f"rank{r}.pt") for r in (0, 1))
+        assert r1["failed"] == [0.0, 2.0, 0.0] and r0["failed"] == [0.0, 0.0, 0.0], (run, res.stdout)
+        assert r0["early_stopped"] == r1["early_stopped"], (run, res.stdout)  # the same minibatches on both ranks
+        assert (max(r0["early_stopped"]) > 0) == (target_kl is not None), (run, res.stdout)
+        for k in r0["actor"]:
+            assert torch.equal(r0["actor"][k], r1["actor"][k]), f"{run}: rank weights differ at {k}"
+        assert any(not torch.equal(r0["actor"][k], init[k]) for k in init), f"{run}: the policy did not move"
