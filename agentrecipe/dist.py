@@ -43,6 +43,20 @@ def _all_reduce(x: int | float, op: str, device=None) -> int | float:
     return t.item()
 
 
+def all_reduce_tensor(t, op: str):
+    """The float64 tensor `t` reduced elementwise over all ranks with `op` ("sum" or "max"); `t` itself
+    without a process group. Every rank must call it (with a tensor of the same shape)."""
+    import torch
+
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return t
+    device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
+              else torch.device("cpu"))
+    reduced = t.detach().to(device=device, dtype=torch.float64).clone()
+    torch.distributed.all_reduce(reduced, op=getattr(torch.distributed.ReduceOp, op.upper()))
+    return reduced.to(t.device)
+
+
 def all_sum(x: float) -> float:
     """`x` summed over all ranks: every rank must call it."""
     return float(_all_reduce(float(x), "sum"))

@@ -4,8 +4,9 @@
 
 Rank 0 plays one-turn games, rank 1 four-turn games cut at three turns (so the ranks hold
 different numbers of training sequences), and at step 2 every reset on rank 1 fails (it has no
-batch at all that step). PPO with a critic, a reference model (KL loss) and two or more update
-epochs, so every kind of pass runs; a TARGET_KL adds the early stop, which every rank must take
+batch at all that step). PPO with a critic, a reference model (KL loss), advantages whitened over
+both ranks' batches (params/rl/ppo.yaml; the rank without a batch joins the whitening's
+collectives) and two or more update epochs, so every kind of pass runs; a TARGET_KL adds the early stop, which every rank must take
 at the same minibatch. Each `--train ZERO_STAGE TARGET_KL UPDATE_EPOCHS` (TARGET_KL `none`: off) trains
 from the same policy, one after the other in the same processes (one launch, one import of
 torch and DeepSpeed); each rank saves run i's gathered actor weights, failed-episode counts
@@ -68,7 +69,8 @@ def train(policy: str, out: Path, zero_stage: int, target_kl: float | None, upda
     seeds = [0, 4, 8, 12] if rank == 0 else [3, 7, 11, 15]  # 1 turn to win / 4 turns (truncated at 3)
     games = walk_env.build_games("walk", "train", seeds, "", {})
     rl = RLConfig(algo="ppo", lr=1e-2, critic_lr=1e-2, group_size=1, games_per_step=2, minibatch_size=2,
-                  update_epochs=update_epochs, kl_coef=0.05, checkpoint_every=1000, seed=0, target_kl=target_kl)
+                  update_epochs=update_epochs, kl_coef=0.05, checkpoint_every=1000, seed=0, target_kl=target_kl,
+                  whiten_advantages=True)
     run = RLRun(rl=rl, reward=RewardConfig(step_penalty=0.1), agent=AgentConfig(history=2, max_action_tokens=6),
                 rollout=RolloutConfig(max_turns=3), deepspeed=DeepSpeedConfig(zero_stage=zero_stage), dtype="float32",
                 levels=["walk"], n_steps=3, checkpoint_dir=out / f"ckpt{rank}", fingerprint="mp")

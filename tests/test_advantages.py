@@ -12,6 +12,7 @@ from agentrecipe.algos import (
     compute_advantages,
     gigpo_advantages,
     grpo_advantages,
+    join_whitening,
     masked_gae,
     masked_whiten,
     reinforce_pp_advantages,
@@ -408,3 +409,76 @@ def test_whitening_a_constant_gives_exact_zeros():
     # anything but a constant is still whitened to mean 0, std 1
     y = masked_whiten(torch.arange(8.0), torch.ones(8))
     assert y.mean().item() == approx(0.0) and y.std(unbiased=False).item() == approx(1.0)
+
+
+class ThreadRanks:
+    """`reduce` for threads standing in for the ranks of a launch: each call waits for every rank's
+    statistics, then returns their sum or max (all_reduce)."""
+
+    def __init__(self, n: int):
+        import threading
+
+        self.barrier, self.slots = threading.Barrier(n, timeout=30), [None] * n
+
+    def reduce_of(self, rank: int):
+        def reduce(t, op):
+            self.slots[rank] = t.clone()
+            self.barrier.wait()
+            stacked = torch.stack(self.slots)
+            out = stacked.sum(0) if op == "sum" else stacked.max(0).values
+            self.barrier.wait()  # every rank has read before the next call writes
+            return out
+
+        return reduce
+
+
+def on_ranks(calls):
+    """Run one callable per rank (each given its reduce) at once; their results in rank order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ranks = ThreadRanks(len(calls))
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return [f.result() for f in [pool.submit(call, ranks.reduce_of(r)) for r, call in enumerate(calls)]]
+
+
+def test_whitening_under_a_launcher_runs_over_every_ranks_batch():
+    """REINFORCE++'s only baseline is the batch mean: whitened per rank, returns [1, 1 | 1, 0] gave
+    rank 0's two wins advantage 0 (its own mean); over both ranks they get what one process gives."""
+    rewards = torch.zeros(4, 10)
+    rewards[:, 8] = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    rewards[1, 3] = 0.5  # not one value per sequence
+    mask = MASK.expand(4, -1)
+    alone = reinforce_pp_advantages(rewards, mask, gamma=0.9)
+    shards = on_ranks([lambda reduce, r=r: masked_whiten(returns_to_go(rewards[r:r + 2], mask[r:r + 2], 0.9),
+                                                          mask[r:r + 2], reduce=reduce) for r in (0, 2)])
+    assert torch.cat(shards).tolist() == [approx(row) for row in alone.tolist()]
+    assert shards[0][0, 8] > 0  # per rank it was 0
+    # a rank without a batch joins the same collectives (join_whitening) and changes nothing
+    cfg = RLConfig(algo="reinforce_pp")
+    whole, nothing = on_ranks([lambda reduce: masked_whiten(returns_to_go(rewards, mask, 0.9), mask, reduce=reduce),
+                               lambda reduce: join_whitening("reinforce_pp", cfg, reduce)])
+    assert whole.tolist() == [approx(row) for row in alone.tolist()] and nothing is None
+    # equal returns on every rank together still give exact zeros; equal on each rank alone do not
+    const = on_ranks([lambda reduce: masked_whiten(torch.full((3,), 0.7), torch.ones(3), reduce=reduce)] * 2)
+    assert all(torch.equal(c, torch.zeros(3)) for c in const)
+    apart = on_ranks([lambda reduce, v=v: masked_whiten(torch.full((3,), v), torch.ones(3), reduce=reduce)
+                      for v in (0.7, 0.2)])
+    assert [a.tolist() for a in apart] == [approx([1.0] * 3), approx([-1.0] * 3)]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "reinforce_pp"])
+def test_the_trainers_advantages_under_a_launcher_are_one_process_advantages(algo):
+    """compute_advantages with `reduce` on two ranks, one sequence each, gives what one process gives
+    for both (ppo whitened as params/rl/ppo.yaml sets it)."""
+    cfg = RLConfig(algo=algo, gamma=0.9, lam=0.8, whiten_advantages=algo == "ppo")
+    turn_rewards = torch.tensor([[0.5, 1.0, 7.0], [0.0, 0.2, 0.0]])
+    both = dict(turn_rewards=turn_rewards, turn_mask=TURN_MASK.expand(2, -1), action_mask=MASK.expand(2, -1),
+                turn_ids=TURN_IDS.expand(2, -1), group_ids=torch.tensor([0, 1]), cfg=cfg,
+                values=VALUES.expand(2, -1) if algo == "ppo" else None)
+    alone, _ = compute_advantages(algo, **both)
+
+    def rank(r):
+        one = {k: v[r:r + 1] if isinstance(v, torch.Tensor) else v for k, v in both.items()}
+        return lambda reduce: compute_advantages(algo, **one, reduce=reduce)[0]
+
+    assert torch.cat(on_ranks([rank(0), rank(1)])).tolist() == [approx(row) for row in alone.tolist()]

@@ -126,6 +126,19 @@ def test_anchor_ids_from_observation_text_and_commands():
     assert anchor_ids(eps).tolist() == [[0, 1], [0, -1], [0, 2]]
 
 
+def test_a_turn_after_an_invalid_command_keeps_the_anchor_of_the_state_it_did_not_leave():
+    """Two rollouts in different states both send an invalid command and read the same refusal:
+    before, the two next turns shared one anchor (unrelated states in one step group) and the turn
+    that really started from state B had another id than B's first visit."""
+    near = _episode(["A sign points east.", "A sign points west.", "Nothing happens.", "You made it!"], 3)
+    far = _episode(["A sign points east.", "A sign points north.", "Nothing happens.", "A sign points west."], 3)
+    near.invalid, far.invalid = [False, True, False], [False, True, False]
+    # keys: east 0, west 1, north 2; turn 2 of each starts where its turn 1 did
+    assert anchor_ids([near, far]).tolist() == [[0, 1, 1], [0, 2, 2]]
+    near.invalid = [False, False, False]  # a valid command that reads "Nothing happens." is a state of its own
+    assert anchor_ids([near, far]).tolist() == [[0, 1, 2], [0, 3, 3]]  # ids in order of first sight
+
+
 # --------------------------------------------------------- dynamic sampling
 def test_dynamic_sampling_replaces_zero_variance_groups_until_the_batch_is_full():
     games = [GameSpec(path=f"g{i}", level="cue", env="cue", split="train", seed=i, max_score=1.0) for i in range(6)]

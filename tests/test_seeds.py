@@ -67,6 +67,18 @@ def test_summary_groups_the_seeds_of_each_setting_and_skips_failed_ones():
                         "rl in-domain per seed": "40 50 60"}
 
 
+def test_pooled_greedy_wins_are_whole_from_rates_stored_to_four_decimals():
+    """results.csv of earlier sweeps holds rates to 4 decimals: 28 wins of 89 read back as 0.3146,
+    27.998 wins, and the page's pooled bound moved (22.8 -> 22.7). Greedy wins are whole per seed;
+    sampled (pass@1) ones are per-game rates and stay as summed."""
+    rows = [_row("a0", "0.2", "0", 0.3146, n=89)]
+    rows[0].update({"rl.in_domain.pass@1": 0.3146})
+    (summary,) = seeds.summarise(rows, ["budget.sft_fraction", "seed"])
+    assert summary["rl in-domain pooled low"] == wilson_interval(28, 89)[0]
+    assert summary["rl in-domain pooled"] == 28 / 89
+    assert summary["rl in-domain sampled pooled"] == pytest.approx(0.3146)  # 27.9994 of 89, not rounded
+
+
 def test_per_seed_values_are_rounded_once_half_up():
     # 18, 28 and 41 wins of 59: 30.508, 47.458, 69.492%; stored to 6 decimals, shown as whole percents.
     rows = [_row(f"e{s}", "0.2", str(s), round(k / 59, 6), n=59) for s, k in ((0, 18), (1, 28), (2, 41))]

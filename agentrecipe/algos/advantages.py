@@ -36,7 +36,11 @@ term's scale (whitening KL noise on a batch without task signal would
 otherwise turn it into unit-size advantages).
 
 Group baselines must see whole groups: call `compute_advantages` on the full
-step batch (every rollout of every game), never on a minibatch.
+step batch (every rollout of every game), never on a minibatch. Under a
+launcher each rank plays whole groups, but the batch whitening (REINFORCE++,
+PPO's rl.whiten_advantages) runs over every rank's batch: the trainer passes
+`reduce` (statistics summed over the ranks), and a rank without a batch joins
+with `join_whitening`.
 """
 
 from __future__ import annotations
@@ -199,15 +203,50 @@ def returns_to_go(token_rewards: Tensor, action_mask: Tensor, gamma: float, step
     return masked_gae(token_rewards, torch.zeros_like(token_rewards), action_mask, gamma, 1.0, step_end)[0]
 
 
-def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6) -> Tensor:
+Reduce = Callable[[Tensor, str], Tensor]
+"""(float64 statistics, "sum" | "max") -> the same statistics over every process (agentrecipe.dist.all_reduce_tensor)."""
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, reduce: Reduce | None = None) -> Tensor:
     """(x - mean_m(x)) / (std_m(x) + eps) over masked entries (population std); 0 off the mask.
     Masked values that are all equal (`equal_returns`) give exact zeros, as in `_cell_flat`: a
-    non-dyadic constant's float mean is not its value, and the division would blow the rounding up."""
+    non-dyadic constant's float mean is not its value, and the division would blow the rounding up.
+    reduce: mean, std and the equality check run over the masked entries of every process's `x`
+    (float64, two passes); every process must call it then, one without entries too. None: this `x`."""
     mask = mask.bool()
+    if reduce is not None:
+        return _whiten_across(x, mask, eps, reduce)
     if not mask.any() or bool(equal_returns(x[mask].max(), x[mask].min())):
         return torch.zeros_like(x)
     whitened = (x - masked_mean(x, mask)) / (masked_var(x, mask).sqrt() + eps)
     return torch.where(mask, whitened, torch.zeros_like(whitened))
+
+
+def _whiten_across(x: Tensor, mask: Tensor, eps: float, reduce: Reduce) -> Tensor:
+    """`masked_whiten` with statistics over every process: three collectives, the same on every
+    process (each takes the same branch, as each sees the same reduced numbers)."""
+    v = x[mask].double()
+    count, total = reduce(torch.stack([v.new_tensor(float(v.numel())), v.sum()]), "sum").tolist()
+    none = v.new_tensor(-torch.inf)
+    hi, neg_lo = reduce(torch.stack([v.max() if v.numel() else none, -v.min() if v.numel() else none]), "max")
+    mean = total / count if count else 0.0
+    var = reduce(((v - mean) ** 2).sum().reshape(1), "sum")[0] / max(count, 1.0)
+    if not count or bool(equal_returns(hi, -neg_lo)):
+        return torch.zeros_like(x)
+    whitened = ((x.double() - mean) / (var.sqrt() + eps)).to(x.dtype)
+    return torch.where(mask, whitened, torch.zeros_like(whitened))
+
+
+def whitens(algo: str, cfg: RLConfig) -> bool:
+    """Whether `compute_advantages` whitens over the batch (REINFORCE++; PPO with rl.whiten_advantages)."""
+    return algo == "reinforce_pp" or (algo == "ppo" and cfg.whiten_advantages)
+
+
+def join_whitening(algo: str, cfg: RLConfig, reduce: Reduce) -> None:
+    """On a process without a batch this step: the collectives that `compute_advantages`' whitening
+    runs on the others (nothing where it does not whiten)."""
+    if whitens(algo, cfg):
+        masked_whiten(torch.zeros(0), torch.zeros(0, dtype=torch.bool), reduce=reduce)
 
 
 @torch.no_grad()
@@ -443,6 +482,7 @@ def compute_advantages(
     kl: Tensor | None = None,
     bootstrap_values: Tensor | None = None,
     anchor_ids: Tensor | None = None,
+    reduce: Reduce | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The one entry point of the trainer: (advantages (B, T), returns (B, T) or None).
 
@@ -458,7 +498,9 @@ def compute_advantages(
     normalising the task return: the KL return-to-go per token (reinforce_pp),
     per turn (turn-level, gigpo) or the episode's KL sum (grpo, rloo);
     otherwise the trainer adds kl_coef * KL to the loss. Advantages are 0 off
-    the action mask and carry no gradient. Call on the whole step batch.
+    the action mask and carry no gradient. Call on the whole step batch; under
+    a launcher pass `reduce`, so the batch whitening runs over every rank's
+    batch (see `masked_whiten`, `join_whitening`).
     """
     if algo == "ppo" and values is None:
         raise ValueError("ppo needs critic values (B, T)")
@@ -470,7 +512,7 @@ def compute_advantages(
     if algo == "ppo":
         shaped = rewards if kl_r is None else rewards - cfg.kl_coef * kl_r
         adv, ret = masked_gae(shaped, values, action_mask, cfg.gamma, cfg.lam, ends, bootstrap_values)
-        return (masked_whiten(adv, mask) if cfg.whiten_advantages else adv), ret
+        return (masked_whiten(adv, mask, reduce=reduce) if cfg.whiten_advantages else adv), ret
     if algo not in ("reinforce_pp", "gigpo", *BASELINES):
         raise ValueError(f"unknown rl.algo {algo!r}; known: ppo, reinforce_pp, gigpo, {', '.join(BASELINES)}")
     # critic-free: per-turn estimators use G_n, the return-to-go at each turn's first action token
@@ -479,7 +521,7 @@ def compute_advantages(
     G_turn = at_turn_starts(G, action_mask, turn_ids, n_turns)  # (B, N)
     episode_return = torch.where(turn_mask.bool(), turn_rewards.float(), 0.0).sum(1)  # (B,) R = sum_n r_n
     if algo == "reinforce_pp":
-        adv = masked_whiten(broadcast_to_tokens(G_turn, turn_ids, action_mask) if per_turn else G, mask)
+        adv = masked_whiten(broadcast_to_tokens(G_turn, turn_ids, action_mask) if per_turn else G, mask, reduce=reduce)
     elif algo == "gigpo":
         if anchor_ids is None:
             raise ValueError("gigpo needs anchor_ids (B, N): the state each turn started from")

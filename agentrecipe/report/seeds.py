@@ -75,8 +75,10 @@ def summarise(rows: list[dict[str, Any]], swept: list[str]) -> list[dict[str, An
             rates = [float(r[key]) for r in have]
             per_seed = [float(r[key]) if m else math.nan for r, m in zip(done, measured)] if have else []
             n = sum(int(r.get(f"{prefix}.n") or 0) for r in have)
-            # a whole count for greedy success; for pass@1 a sum of per-game rates, kept unrounded
-            wins = sum(float(r[key]) * int(r.get(f"{prefix}.n") or 0) for r in have)
+            # greedy success: a whole count per seed, rounded so, as results.csv may hold the rate to 4
+            # decimals (28 wins of 89 came back as 27.998); pass@1: a sum of per-game rates, unrounded
+            per_row = [float(r[key]) * int(r.get(f"{prefix}.n") or 0) for r in have]
+            wins = float(sum(round(w) for w in per_row)) if metric == "success" else sum(per_row)
             wins = min(float(n), round(wins, 9))  # no 3.0000000000000004 of a float sum
             mean, low, high = t_interval(rates) if rates else (math.nan,) * 3
             p_low, p_high = wilson_interval(wins, n) if n else (math.nan, math.nan)

@@ -9,6 +9,13 @@ the current state at that turn: the observation text and the admissible
 commands of `episode.observations[n]` (the history window around it is not
 part of the state). Two states that read alike are one anchor, as in the
 paper's exact-match grouping.
+
+A turn after an invalid one (a malformed reply, or a command the game refused)
+starts from the state the invalid turn started from: the game did not move.
+Its observation is only the refusal ("Nothing happens.", BabyAI's unknown-action
+text), the same for every state, so keyed on it the turns after invalid
+commands of unrelated states formed one step group; they take the earlier
+turn's anchor instead.
 """
 
 from __future__ import annotations
@@ -30,8 +37,13 @@ def anchor_ids(episodes: list[Episode], n_turns: int | None = None) -> torch.Ten
     `[episodes[i] for i in batch.kept]`), by default the most turns any episode
     played. Ids are shared across games; the step groups are (group id, anchor id) pairs."""
     ids: dict[tuple[str, tuple[str, ...]], int] = {}
-    rows = [[ids.setdefault(anchor_key(ep, n), len(ids)) for n in range(min(ep.turns, len(ep.observations)))]
-            for ep in episodes]
+    rows = []
+    for ep in episodes:
+        row: list[int] = []
+        for n in range(min(ep.turns, len(ep.observations))):
+            unmoved = n > 0 and n - 1 < len(ep.invalid) and ep.invalid[n - 1]
+            row.append(row[n - 1] if unmoved else ids.setdefault(anchor_key(ep, n), len(ids)))
+        rows.append(row)
     width = max((len(r) for r in rows), default=0) if n_turns is None else n_turns
     out = torch.full((len(episodes), width), -1, dtype=torch.long)
     for e, row in enumerate(rows):

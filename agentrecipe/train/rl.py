@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from agentrecipe import dist
 from agentrecipe.agent.prompt import PromptEncoder
-from agentrecipe.algos.advantages import compute_advantages, step_group_stats, zero_variance_fraction
+from agentrecipe.algos.advantages import compute_advantages, join_whitening, step_group_stats, zero_variance_fraction
 from agentrecipe.algos.losses import (aggregate, aggregate_weight, explained_variance, kl_penalty, masked_mean, policy_loss,
                                       value_loss)
 from agentrecipe.config import AgentConfig, DeepSpeedConfig, RewardConfig, RLConfig, RolloutConfig
@@ -396,6 +396,10 @@ def rl_train(
                 old_values = torch.cat([v for v, _ in value_chunks]) * mask
                 forwarded["critic"] += sum(fwd for _, fwd in value_chunks)
         t3 = time.time()
+        # the batch whitening (reinforce_pp, ppo's rl.whiten_advantages) runs over every rank's batch
+        reduce = dist.all_reduce_tensor if dist.world_size() > 1 else None
+        if batch is None and reduce is not None:
+            join_whitening(rl.algo, rl, reduce)
         if batch is not None:
             # 5. advantages on the episodes' action layout, back onto sequence tokens
             anchors = anchor_ids([episodes[i] for i in batch.kept], batch.ep_turn_mask.shape[1]) if rl.algo == "gigpo" else None
@@ -413,6 +417,7 @@ def rl_train(
                 kl=batch.to_layout(kl) if kl is not None else None,
                 bootstrap_values=bootstrap,
                 anchor_ids=anchors,
+                reduce=reduce,
             )
             advantages = batch.from_layout(adv_l)
             value_targets = batch.from_layout(ret_l) if ret_l is not None else None
