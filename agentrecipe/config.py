@@ -398,9 +398,9 @@ class RLConfig:
     whiten_advantages: bool
     """PPO only: whiten the GAE advantages over the step batch (veRL; CleanRL per minibatch)."""
     bootstrap_truncated: bool
-    """PPO: an episode cut by the turn or context limit bootstraps from V(s_H) (true) or ends with
-    value 0 like one the game ended (false, the default: the limit is part of the task; see
-    params/rl/grpo.yaml)."""
+    """PPO: an episode cut by the turn limit bootstraps from V(s_H) (true) or ends with value 0 like
+    one the game ended (false, the default: the limit is part of the task; see params/rl/grpo.yaml).
+    One cut by the context limit ends at value 0 either way: its next prompt does not fit."""
     vf_coef: float
     value_clip: float
     turn_level_returns: bool

@@ -58,6 +58,23 @@ def test_action_mask_covers_exactly_the_assistant_tokens(tokenizer):
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)
 
 
+def test_a_reply_cut_by_the_token_limit_is_closed_with_eos_outside_the_action_mask(tokenizer):
+    """A free reply stopped by agent.max_action_tokens has no eos: the next prompts still end that
+    assistant turn as the template does (before, its text ran into the next user message), and the
+    added eos is not trained on, as the policy did not sample it."""
+    enc = PromptEncoder(tokenizer, show_admissible=True, history=-1)
+    observations = [obs("Room A."), obs("Room B."), obs("Room C.")]
+    cut = enc.encode_text("go ea")
+    [(ids, mask, turns)] = training_sequences(enc, observations, [cut, enc.encode_action("look")])
+    [(whole, whole_mask, whole_turns)] = training_sequences(enc, observations, [enc.encode_action("go ea"),
+                                                                                 enc.encode_action("look")])
+    eos = len(enc.prompt(observations[:1], [])[0]) + len(cut)  # the position of the first reply's eos
+    assert ids == whole and whole[eos] == enc.eos_id
+    assert mask[:eos] + mask[eos + 1:] == whole_mask[:eos] + whole_mask[eos + 1:] and (mask[eos], whole_mask[eos]) == (0, 1)
+    assert turns[eos] == -1 and whole_turns[eos] == 0
+    assert enc.prompt(observations[:2], [cut])[0] == enc.prompt(observations[:2], [enc.encode_action("go ea")])[0]
+
+
 def test_history_window_gives_one_sequence_per_turn(tokenizer):
     enc = PromptEncoder(tokenizer, show_admissible=False, history=1)
     observations = [obs(f"Room {c}.") for c in "ABCD"]

@@ -177,6 +177,11 @@ def test_truncated_episodes_carry_the_state_after_their_last_action(model, token
                 assert float(v[e]) == pytest.approx(float(critic(x, torch.ones_like(x))[0, -1]), abs=1e-5)
             else:
                 assert float(v[e]) == 0.0
+    # cut by the context limit instead (as the engine marks one whose next prompt does not fit
+    # agent.max_context): no bootstrap prompt, value 0 (before, the critic read that too-long prompt)
+    episodes[3].context_cut = True
+    cut = build_batch(episodes, [[0.0] * ep.turns for ep in episodes], list(range(8)), enc, len(tokenizer), True)
+    assert cut.next_prompts[3] is None and cut.next_prompts[7] == batch.next_prompts[7]
 
 
 def test_truncated_episodes_end_at_value_zero_when_bootstrap_is_off(model, tokenizer, walk_pool):

@@ -14,7 +14,10 @@ where s = max(0, t - history) (history = -1 keeps all turns, so s = 0 and
 the sequence only ever grows). `head` is system + first user message +
 generation prompt; `segment` is what follows an assistant's <eos>: the rest
 of the template after the eos, the user message, then the generation prompt.
-Action token ids are kept as sampled; only new observations are tokenised.
+Action token ids are kept as sampled; only new observations are tokenised. A
+free reply cut by agent.max_action_tokens has no <eos> of its own: the later
+prompts close it with one (outside the action mask), so every assistant turn
+ends as in the demonstrations (before, the reply ran into the next user message).
 """
 
 from __future__ import annotations
@@ -141,6 +144,10 @@ class PromptEncoder:
             ids += actions[i]
             mask += [1] * len(actions[i])
             turns += [i] * len(actions[i])
+            if not actions[i] or actions[i][-1] != self.eos_id:  # a reply cut by the token limit
+                ids.append(self.eos_id)
+                mask.append(0)
+                turns.append(-1)
             if ("seg", i + 1) not in cache:
                 cache[("seg", i + 1)] = self.segment_ids(observations[i + 1])
             seg = cache[("seg", i + 1)]

@@ -64,7 +64,7 @@ class RLBatch:
     rollout_logprobs: torch.Tensor  # (S, T) log-probs as sampled (0 off the action mask)
     kept: list[int]  # index into the step's episodes of each batch episode (row e is episodes[kept[e]])
     truncated: torch.Tensor  # (E,) bool: ended by the turn or context limit, not by the game
-    next_prompts: list[list[int] | None]  # (E,) the prompt after the last action (truncated episodes), else None
+    next_prompts: list[list[int] | None]  # (E,) the prompt after the last action (turn-limit cuts), else None
     max_row_tokens: int = 0
     """Packed rows hold at most this many tokens (default: the longest sequence, so packing
     never lengthens the attention span of a row beyond that of a plain padded batch)."""
@@ -175,7 +175,9 @@ def build_batch(
                         allowed[pos] = ep.allowed[t][j]
             seq_lp.append(lp)
             seq_allowed.append(allowed)
-        truncated = ep.truncated and len(ep.observations) == len(ep.action_ids) + 1
+        # a context cut ends at value 0 whatever rl.bootstrap_truncated says: its next prompt does not
+        # fit agent.max_context (a state the policy never acts in, possibly past the model's positions)
+        truncated = ep.truncated and not ep.context_cut and len(ep.observations) == len(ep.action_ids) + 1
         next_prompts.append(encoder.prompt(ep.observations, ep.action_ids, cache)[0] if truncated else None)
     n_actions = [len(t) for t in ep_turns]
     input_ids = pad_batch([s[0] for s in seqs], encoder.tokenizer.pad_token_id)
