@@ -28,33 +28,29 @@ def barrier() -> None:
         torch.distributed.barrier()
 
 
-def _all_reduce(x: int | float, op: str, device=None) -> int | float:
-    """`x` reduced over all ranks with `op` ("sum" or "max"); `x` itself without a process group.
-    Every rank must call it. On `device`, else the backend's (NCCL reduces CUDA tensors only)."""
-    import torch
-
-    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-        return x
-    if device is None:
-        device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
-                  else torch.device("cpu"))
-    t = torch.tensor([x], dtype=torch.float64 if isinstance(x, float) else torch.int64, device=device)
-    torch.distributed.all_reduce(t, op=getattr(torch.distributed.ReduceOp, op.upper()))
-    return t.item()
-
-
-def all_reduce_tensor(t, op: str):
-    """The float64 tensor `t` reduced elementwise over all ranks with `op` ("sum" or "max"); `t` itself
-    without a process group. Every rank must call it (with a tensor of the same shape)."""
+def all_reduce_tensor(t, op: str, device=None):
+    """The tensor `t` reduced elementwise over all ranks with `op` ("sum" or "max"); `t` itself without
+    a process group. Every rank must call it (a tensor of the same shape and dtype). On `device`, else
+    the backend's (NCCL reduces CUDA tensors only); the result comes back on `t`'s device."""
     import torch
 
     if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
         return t
-    device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
-              else torch.device("cpu"))
-    reduced = t.detach().to(device=device, dtype=torch.float64).clone()
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device()) if torch.distributed.get_backend() == "nccl"
+                  else torch.device("cpu"))
+    reduced = t.detach().to(device).clone()
     torch.distributed.all_reduce(reduced, op=getattr(torch.distributed.ReduceOp, op.upper()))
     return reduced.to(t.device)
+
+
+def _all_reduce(x: int | float, op: str, device=None) -> int | float:
+    """`x` reduced over all ranks with `op` ("sum" or "max"); `x` itself without a process group.
+    Every rank must call it."""
+    import torch
+
+    t = torch.tensor([x], dtype=torch.float64 if isinstance(x, float) else torch.int64)
+    return all_reduce_tensor(t, op, device).item()
 
 
 def all_sum(x: float) -> float:

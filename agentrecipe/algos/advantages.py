@@ -223,16 +223,16 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, reduce: Reduce | N
 
 
 def _whiten_across(x: Tensor, mask: Tensor, eps: float, reduce: Reduce) -> Tensor:
-    """`masked_whiten` with statistics over every process: three collectives, the same on every
-    process (each takes the same branch, as each sees the same reduced numbers)."""
+    """`masked_whiten` with statistics over every process: the same collectives on every process
+    (each takes the same branch, as each sees the same reduced numbers)."""
     v = x[mask].double()
     count, total = reduce(torch.stack([v.new_tensor(float(v.numel())), v.sum()]), "sum").tolist()
     none = v.new_tensor(-torch.inf)
     hi, neg_lo = reduce(torch.stack([v.max() if v.numel() else none, -v.min() if v.numel() else none]), "max")
-    mean = total / count if count else 0.0
-    var = reduce(((v - mean) ** 2).sum().reshape(1), "sum")[0] / max(count, 1.0)
     if not count or bool(equal_returns(hi, -neg_lo)):
         return torch.zeros_like(x)
+    mean = total / count
+    var = reduce(((v - mean) ** 2).sum().reshape(1), "sum")[0] / count
     whitened = ((x.double() - mean) / (var.sqrt() + eps)).to(x.dtype)
     return torch.where(mask, whitened, torch.zeros_like(whitened))
 
