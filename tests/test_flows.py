@@ -507,7 +507,7 @@ def test_finding_presets_micro_run_through_the_sweep_flow(prefect_harness, tmp_p
 SLEEP_YAML = """\
 stages:
   train:
-    cmd: python -c "import time; time.sleep(900)"
+    cmd: python sleep.py
     params: [train.lr]
 """
 
@@ -520,14 +520,36 @@ def test_sweep_timeout_kills_the_queue(prefect_harness, tmp_path):
 
     from flows.sweep import sweep
 
-    project = make_project(tmp_path / "p", SLEEP_YAML, {})
-    state = sweep(overrides=["train.lr=0.1,0.2"], project_dir=str(project), timeout_s=30, return_state=True)
+    # each point's process writes its pid where the test reads it (the point runs in DVC's own copy)
+    pids = tmp_path / "sleeper_pids"
+    sleep_py = f"import os, time\nwith open({str(pids)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\ntime.sleep(900)\n"
+    project = make_project(tmp_path / "p", SLEEP_YAML, {"sleep.py": sleep_py})
+    timeout_s = 30
+    state = sweep(overrides=["train.lr=0.1,0.2"], project_dir=str(project), timeout_s=timeout_s, return_state=True)
     assert state.is_failed() and "the queue did not finish" in state.message and "timeout" in state.message
     with (project / "data/sweeps/sweep/results.csv").open() as f:
         assert [r["state"] != "success" for r in csv.DictReader(f)] == [True, True]
     status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=project, capture_output=True, text=True)
     assert "Running" not in status.stdout and "Queued" not in status.stdout, status.stdout
-    sleepers = [p for p in psutil.process_iter(["cmdline"]) if "time.sleep(900)" in " ".join(p.info["cmdline"] or [])]
+    # a point was running when the timeout came (else nothing here would test the kill), and it is gone
+    started = [int(pid) for pid in pids.read_text().split()] if pids.exists() else []
+    assert started, f"no point had started within the {timeout_s} s timeout: the kill went untested"
+    procs = []
+    for pid in started:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+
+    def running(proc) -> bool:
+        try:
+            return proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    alive = [p for p in psutil.wait_procs(procs, timeout=30)[1] if running(p)]
+    assert alive == [], f"sleepers still running after the timeout: {alive}"
+    sleepers = [p for p in psutil.process_iter(["cmdline"]) if "sleep.py" in " ".join(p.info["cmdline"] or [])]
     assert psutil.wait_procs(sleepers, timeout=30)[1] == []
 
 
