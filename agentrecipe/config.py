@@ -291,13 +291,23 @@ class BudgetConfig:
 
     @property
     def rl_episodes(self) -> int:
-        """Episodes left for RL after paying for the demonstrations."""
-        return self.total_units - self.n_demos * self.demo_cost
+        """Episodes left for RL after paying for the demonstrations; none at sft_fraction 1 (pure SFT:
+        units too few for one more demonstration stay unspent, not a stray RL step)."""
+        return 0 if self.sft_fraction == 1 else self.total_units - self.n_demos * self.demo_cost
 
     def rl_steps(self, episodes_per_step: int, world_size: int = 1) -> int:
         """RL steps the budget pays for: rl_episodes / (episodes_per_step * ranks), rounded down (every
         rank plays its own rl.games_per_step x rl.group_size episodes a step; the rest stays unspent)."""
         return self.rl_episodes // (episodes_per_step * world_size)
+
+    def no_rl_step(self, episodes_per_step: int, world_size: int = 1) -> str | None:
+        """An error (for key budget.sft_fraction) when a split meant to have RL buys no RL step at
+        `world_size` ranks; None when it buys one, or is pure SFT."""
+        if self.sft_fraction == 1 or self.rl_steps(episodes_per_step, world_size) > 0:
+            return None
+        return (f"leaves {self.rl_episodes} RL episodes, less than one step of {episodes_per_step} "
+                f"(rl.games_per_step x rl.group_size) x {world_size} rank(s): this point would have no RL; "
+                "lower it or set 1 (or raise budget.total_units, or use fewer ranks)")
 
 
 # --------------------------------------------------------------------- deepspeed
@@ -613,9 +623,8 @@ def check_across(cfg: dict[str, Any], present: set[str]) -> None:
                f"(one costs budget.demo_cost={budget.demo_cost}): this point would be pure RL; raise it or set 0")
     if {"budget", "rl"} <= present:
         steps = budget.rl_steps(rl.episodes_per_step)
-        _check(budget.sft_fraction == 1 or steps > 0, "budget.sft_fraction",
-               f"leaves {budget.rl_episodes} RL episodes, less than one step of {rl.episodes_per_step} "
-               "(rl.games_per_step x rl.group_size): this point would have no RL; lower it or set 1")
+        error = budget.no_rl_step(rl.episodes_per_step)
+        _check(error is None, "budget.sft_fraction", error or "")
         # the last phase of each schedule is reached (with one rank: more ranks only mean fewer steps,
         # which the RL stage checks again)
         for error in (unreached_phases("rl.turn_schedule_every", len(rl.turn_schedule), rl.turn_schedule_every, steps),

@@ -14,7 +14,7 @@ from agentrecipe.agent.prompt import PromptEncoder
 from agentrecipe.agent.replay import replay_games
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.models.tokenizer import load_tokenizer
-from agentrecipe.train.sft_data import pick_demo_games, transcript_rows
+from agentrecipe.train.sft_data import kept_turns, pick_demo_games, transcript_rows
 from stages.common import load_sections, stage_args
 
 FEATURES = ["game", "level", "seed", "input_ids", "action_mask", "turn_ids", "text", "actions"]
@@ -32,15 +32,21 @@ def main() -> None:
     games = pick_demo_games(read_manifest(args.envs, split="train"), env_cfg.levels, budget.n_demos)
     encoder = PromptEncoder(load_tokenizer(args.model), agent.show_admissible, agent.history)
     rows = []
-    turns = cut = 0
+    turns = 0
+    cut = {"context": 0, "reply": 0}
     for game, observations, actions in replay_games(env_cfg, games):
-        game_rows = transcript_rows(encoder, game, observations, actions, agent)
+        rows += transcript_rows(encoder, game, observations, actions, agent)
+        kept, cut_by = kept_turns(encoder, observations, [encoder.encode_action(a) for a in actions], agent)
         turns += len(actions)
-        cut += game_rows[0]["turns_cut"] if game_rows else len(actions)
-        rows += game_rows
-    if cut:
-        print(f"gen_sft_data: {cut} of {turns} expert turns left out: their prompts outgrow agent.max_context="
+        if cut_by:
+            cut[cut_by] += len(actions) - kept
+    if cut["context"]:
+        print(f"gen_sft_data: {cut['context']} of {turns} expert turns left out: their prompts outgrow agent.max_context="
               f"{agent.max_context}, where the policy's episodes end (raise it, or shorten agent.history)")
+    if cut["reply"]:
+        print(f"gen_sft_data: {cut['reply']} of {turns} expert turns left out: from the first expert reply longer than "
+              f"agent.max_action_tokens={agent.max_action_tokens} on (eos included), which free decoding cuts off "
+              "unfinished (raise it)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # One shard even when empty: datasets saves zero rows as zero shards, which load_from_disk cannot read.

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from agentrecipe import dist
+from agentrecipe.envs.check_games import more_than_share
 from agentrecipe.envs.feasibility import check_feasible, reward_density_warning
 from agentrecipe.envs.manifest import read_manifest
 from agentrecipe.envs.registry import get_family
@@ -60,7 +61,7 @@ def failure_guard(log, limit: float):
     def guarded(step: int, stats: dict) -> None:
         log(step, stats)
         failed, played = stats["rollout/failed_total"], stats["rollout/episodes_total"]
-        if failed > limit * played:
+        if more_than_share(failed, played, limit):
             sys.exit(f"error: {failed:.0f} of {played:.0f} RL episodes failed by step {step}, "
                      f"more than rl.max_failed_share={limit:g}: broken games or environments (see the errors above); "
                      "the last checkpoint is kept, fix them and rerun")
@@ -104,7 +105,10 @@ def main() -> None:
     run = RLRun(rl=rl, reward=cfg["reward"], agent=cfg["agent"], rollout=cfg["rollout"], deepspeed=cfg["deepspeed"], dtype=cfg["model"].dtype,
                 levels=env.levels, n_steps=n_steps, checkpoint_dir=checkpoints / fingerprint, fingerprint=fingerprint)
     checkpoints.mkdir(parents=True, exist_ok=True)  # a declared out, even when no step runs
-    if n_steps == 0:
+    error = cfg["budget"].no_rl_step(rl.episodes_per_step, dist.world_size())  # validation counted one rank
+    if error:
+        sys.exit(f"error: budget.sft_fraction: {error}")
+    if n_steps == 0:  # pure SFT
         if is_rank0():
             copy_model(args.model, args.out)
             with live_metrics(args.metrics) as live:

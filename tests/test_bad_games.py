@@ -81,3 +81,14 @@ def test_rl_stops_once_too_many_of_its_episodes_failed():
     with pytest.raises(SystemExit, match=r"4 of 12 RL episodes failed by step 3.*rl.max_failed_share=0.25"):
         guarded(3, {"rollout/failed_total": 4.0, "rollout/episodes_total": 12.0})  # 4 of 12: above
     assert logged == [1, 2, 3]  # the step is logged before the run stops
+
+
+@pytest.mark.parametrize("limit,failed,played", [(0.29, 29, 100), (0.57, 57, 100), (0.58, 29, 50), (0.7, 63, 90)])
+def test_a_failed_share_exactly_at_the_limit_is_not_over_it(limit, failed, played):
+    # in floats limit * played is just under `failed` for these (0.29 * 100 = 28.999...)
+    assert limit * played < failed
+    ok, bad = {"policy": "rl", "mode": "greedy"}, {"policy": "rl", "mode": "greedy", "failed": True}
+    assert failed_share_error([ok] * (played - failed) + [bad] * failed, limit, "eval.max_failed_share") is None
+    assert failed_share_error([ok] * (played - failed - 1) + [bad] * (failed + 1), limit, "k") is not None
+    failure_guard(lambda step, stats: None, limit)(1, {"rollout/failed_total": float(failed),
+                                                       "rollout/episodes_total": float(played)})

@@ -60,22 +60,35 @@ def test_checkpoint_records_sizes_and_hashes_of_its_files(tmp_path):
     assert ck.latest_checkpoint(tmp_path, "aaaa") == path
 
 
-@pytest.mark.parametrize("damage", ["truncate", "delete", "flip"])
-def test_a_corrupt_checkpoint_falls_back_to_the_older_one_and_says_why(tmp_path, damage):
+@pytest.mark.parametrize("damage", ["truncate", "delete", "flip", "entry", "unreadable"])
+def test_a_corrupt_checkpoint_falls_back_to_the_older_one_and_says_why(tmp_path, damage, monkeypatch):
     older, newer = save(tmp_path, 1), save(tmp_path, 2)
     states = newer / "actor_state/state/mp_rank_00_model_states.pt"
     if damage == "truncate":  # a kill -9 or a full disk mid-write
         states.write_bytes(states.read_bytes()[:100])
     elif damage == "delete":
         states.unlink()
-    else:  # same size, other bytes
+    elif damage == "flip":  # same size, other bytes
         data = bytearray(states.read_bytes())
         data[-1] ^= 0xFF
         states.write_bytes(bytes(data))
+    elif damage == "entry":  # the manifest parses, but the file's entry is not [size, sha256]
+        manifest = json.loads((newer / ck.MANIFEST).read_text())
+        manifest["files"]["actor_state/state/mp_rank_00_model_states.pt"] = 7
+        (newer / ck.MANIFEST).write_text(json.dumps(manifest))
+    else:  # a read error (a bad sector: EIO) while hashing
+        def eio(path):
+            raise OSError(5, "Input/output error", str(path))
+
+        monkeypatch.setattr(ck, "file_sha256", eio)
     said: list[str] = []
+    if damage == "unreadable":  # every file fails to read: the older one too
+        assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) is None and len(said) == 2
+        assert "step_000002" in said[0] and "OSError" in said[0] and "Input/output error" in said[0]
+        return
     assert ck.latest_checkpoint(tmp_path, "aaaa", said.append) == older
     assert len(said) == 1 and "step_000002" in said[0] and "mp_rank_00_model_states.pt" in said[0]
-    assert {"truncate": "bytes", "delete": "missing", "flip": "sha256"}[damage] in said[0]
+    assert {"truncate": "bytes", "delete": "missing", "flip": "sha256", "entry": "TypeError"}[damage] in said[0]
     # moved aside, kept for inspection, never searched again (the reason is printed once)
     assert (tmp_path / "step_000002.corrupt").is_dir() and not newer.exists()
     said.clear()

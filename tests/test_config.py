@@ -118,6 +118,22 @@ def test_budget_split(fraction, demos, episodes):
     assert b.n_demos * b.demo_cost + b.rl_episodes == b.total_units
 
 
+def test_pure_sft_plays_no_rl_episode():
+    # 505 units buy 50 demonstrations; the 5 left over are not a 1-step RL run on a "pure SFT" point
+    b = BudgetConfig(total_units=505, demo_cost=10, sft_fraction=1.0)
+    assert (b.n_demos, b.rl_episodes, b.rl_steps(4)) == (50, 0, 0)
+    assert BudgetConfig(total_units=505, demo_cost=10, sft_fraction=0.99).rl_episodes == 15
+
+
+def test_a_split_with_rl_that_buys_no_step_on_its_ranks_is_an_error():
+    # validation counts one rank; the rl stage asks again with its ranks (16 x 16 episodes > 200 left)
+    b = BudgetConfig(total_units=500, demo_cost=10, sft_fraction=0.6)
+    assert b.no_rl_step(16) is None and b.rl_steps(16) == 12
+    assert "200 RL episodes, less than one step of 16 (rl.games_per_step x rl.group_size) x 16 rank(s)" in b.no_rl_step(16, 16)
+    assert BudgetConfig(total_units=500, demo_cost=10, sft_fraction=1.0).no_rl_step(16, 16) is None
+    assert "leaves 3 RL episodes" in BudgetConfig(total_units=3, demo_cost=10, sft_fraction=0.0).no_rl_step(4)  # pure RL
+
+
 def test_budget_split_rounds_demos_down():
     b = BudgetConfig(total_units=105, demo_cost=10, sft_fraction=0.5)  # 52.5 units -> 5 demos, 55 episodes
     assert (b.n_demos, b.rl_episodes) == (5, 55)

@@ -169,3 +169,27 @@ def test_sft_prompts_are_the_rollouts_and_stop_where_its_context_does(history, m
     assert sft_prompts == backend.prompts
     assert episode.context_cut == (rows[0]["turns_cut"] > 0) == (history < 0 and max_context == 300)
     assert rows[0]["turns_cut"] == len(actions) - len(backend.prompts)
+
+
+def test_sft_stops_a_demonstration_at_a_reply_free_decoding_cannot_finish():
+    """With free decoding a reply longer than agent.max_action_tokens (eos included) is cut off at
+    rollout, unfinished: SFT trained on it (and on the turns after it, whose history holds it)."""
+    from agentrecipe.config import AgentConfig
+    from agentrecipe.envs.base import GameSpec
+    from agentrecipe.train.sft_data import kept_turns
+
+    game = GameSpec(path="g", level="L", env="rooms", seed=0, expert_plan=_RoomsEnv.PLAN)
+    observations, actions = replay_expert(_RoomsEnv(), game)
+    enc = PromptEncoder(train_tokenizer(corpus_texts(observations, actions) * 3, 400), show_admissible=True, history=2)
+    lengths = [len(enc.encode_action(a)) for a in actions]
+    limit = sorted(set(lengths))[-2]  # the longest replies do not fit, the others do
+    first_long = next(t for t, n in enumerate(lengths) if n > limit)
+    assert 0 < first_long < len(actions) - 1
+    for decoding, kept in [("free", first_long), ("admissible", len(actions))]:
+        agent = AgentConfig(history=2, max_context=4096, max_action_tokens=limit, decoding=decoding)
+        rows = transcript_rows(enc, game, observations, actions, agent)
+        assert len(rows) == kept and rows[0]["turns_cut"] == len(actions) - kept, decoding  # a row a turn
+        assert kept_turns(enc, observations, [enc.encode_action(a) for a in actions], agent) == \
+            (kept, "reply" if decoding == "free" else "")
+    agent = AgentConfig(history=2, max_context=4096, max_action_tokens=max(lengths), decoding="free")
+    assert len(transcript_rows(enc, game, observations, actions, agent)) == len(actions)

@@ -10,6 +10,8 @@ one check costs one reset per game and names every bad file with its error.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from agentrecipe.envs.base import GameSpec
 
 
@@ -34,6 +36,12 @@ def playable(pool, games: list[GameSpec], log=print) -> list[GameSpec]:
     return [g for g in games if g.path not in bad]
 
 
+def more_than_share(count: float, total: float, limit: float) -> bool:
+    """count / total > limit, in exact arithmetic on the limit as written (in floats 0.29 * 100 is
+    28.999..., so 29 failures of 100 would count as more than a share of 0.29)."""
+    return Fraction(count) > Fraction(repr(limit)) * Fraction(total)
+
+
 def failed_share_error(records: list[dict], limit: float, key: str) -> str | None:
     """An error message when more than `limit` of one policy's episodes of one mode in `records`
     failed (else None).
@@ -47,7 +55,7 @@ def failed_share_error(records: list[dict], limit: float, key: str) -> str | Non
         groups.setdefault((r.get("policy", "?"), r.get("mode", "")), []).append(r)
     for (policy, mode), mine in groups.items():
         failed = [r for r in mine if r.get("failed")]
-        if len(failed) > limit * len(mine):
+        if more_than_share(len(failed), len(mine), limit):
             examples = "; ".join(f"{r.get('game', '?')}: {r.get('error', '')}" for r in failed[:3])
             episodes = f"{mode} episodes" if mode else "episodes"
             return (f"error: {len(failed)} of {len(mine)} {episodes} of {policy} failed ({len(failed) / len(mine):.0%}), "

@@ -144,15 +144,26 @@ def read_manifest(path: str | Path) -> dict:
 
 
 def check_files(path: str | Path, files: dict[str, list]) -> None:
-    """Each of `files` ({path under `path`: [size, sha256]}) is there as written; ValueError naming the first bad one."""
-    for rel, (size, sha) in files.items():
-        f = Path(path) / rel
-        if not f.is_file():
-            raise ValueError(f"{rel} is missing")
-        if f.stat().st_size != size:
-            raise ValueError(f"{rel} has {f.stat().st_size} bytes, {size} were written")
-        if file_sha256(f) != sha:
-            raise ValueError(f"{rel} does not match the sha256 recorded when it was written")
+    """Each of `files` ({path under `path`: [size, sha256]}) is there as written; ValueError naming the
+    first bad one (a malformed entry and a read error included)."""
+    for rel, entry in files.items():
+        try:
+            problem = _file_problem(Path(path) / rel, entry)
+        except (TypeError, ValueError, OSError) as e:
+            problem = f"is unreadable ({type(e).__name__}: {e})"
+        if problem:
+            raise ValueError(f"{rel} {problem}")
+
+
+def _file_problem(f: Path, entry: list) -> str | None:
+    size, sha = entry
+    if not f.is_file():
+        return "is missing"
+    if f.stat().st_size != size:
+        return f"has {f.stat().st_size} bytes, {size} were written"
+    if file_sha256(f) != sha:
+        return "does not match the sha256 recorded when it was written"
+    return None
 
 
 def split_best(files: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:

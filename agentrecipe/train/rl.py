@@ -288,7 +288,8 @@ def rl_train(
     # where it left off (restarted at 0, a few failures just after the resume point stopped a run that
     # uninterrupted finished, and the stage's wall time left out the runs before the resume)
     counts = dict(RUN_START)
-    ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint)
+    # the passed-over checkpoints reported once, not once a rank
+    ckpt = latest_checkpoint(run.checkpoint_dir, run.fingerprint, print if rank == 0 else None)
     if ckpt is not None:
         start_step, counts = load_rl_checkpoint(ckpt, actor, critic)
         print(f"rl: resumed from {ckpt} (after step {start_step})")

@@ -46,15 +46,37 @@ def turns_in_context(encoder: PromptEncoder, observations: list[Observation], ac
     return len(action_ids)
 
 
+def replies_in_reach(action_ids: list[list[int]], agent: AgentConfig) -> int:
+    """How many of a demonstration's first turns have a reply the policy can write whole: with free
+    decoding a reply (eos included) longer than agent.max_action_tokens is cut off at rollout and
+    never finishes (an invalid turn); constrained decoding makes room for the longest admissible command."""
+    if agent.decoding != "free":
+        return len(action_ids)
+    return next((t for t, ids in enumerate(action_ids) if len(ids) > agent.max_action_tokens), len(action_ids))
+
+
+def kept_turns(encoder: PromptEncoder, observations: list[Observation], action_ids: list[list[int]],
+               agent: AgentConfig) -> tuple[int, str]:
+    """How many of a demonstration's first turns SFT trains on, and which limit cut the rest ("context":
+    agent.max_context, see `turns_in_context`; "reply": agent.max_action_tokens, see `replies_in_reach`;
+    "" when none did)."""
+    in_context = turns_in_context(encoder, observations, action_ids, agent)
+    in_reach = replies_in_reach(action_ids, agent)
+    kept = min(in_context, in_reach)
+    return kept, "" if kept == len(action_ids) else "reply" if in_reach < in_context else "context"
+
+
 def transcript_rows(encoder: PromptEncoder, game: GameSpec, observations: list[Observation], actions: list[str],
                     agent: AgentConfig | None = None) -> list[dict]:
     """Dataset rows of one demonstration (one row, or one per turn with a history window).
 
-    With `agent`, only the turns the policy would play within agent.max_context are kept: SFT
-    on a prompt the rollout never sends (or past the context RL and evaluation use) trains on
-    states the policy never sees. `rows[i]["turns_cut"]` counts the turns left out."""
+    With `agent`, only the turns the policy would play within agent.max_context are kept, up to the
+    first reply it could not write within agent.max_action_tokens (free decoding): SFT on a prompt the
+    rollout never sends (or past the context RL and evaluation use), or on a reply the rollout cuts
+    off, trains on what the policy never sees or does (`kept_turns`). `rows[i]["turns_cut"]` counts
+    the turns left out."""
     action_ids = [encoder.encode_action(a) for a in actions]
-    kept = len(action_ids) if agent is None else turns_in_context(encoder, observations, action_ids, agent)
+    kept = len(action_ids) if agent is None else kept_turns(encoder, observations, action_ids, agent)[0]
     rows = []
     for ids, mask, turns in training_sequences(encoder, observations, action_ids[:kept]):
         rows.append(
