@@ -465,7 +465,18 @@ def sweep_points(project: Path, preset: str | None, overrides: list[str] | None)
     added to each sweep, in the order the queue runs them (seed by seed)."""
     sweeps = load_preset(project, preset)["sweeps"] if preset else [[]]
     points = seed_major(expand([[*s, *(overrides or [])] for s in sweeps]))
-    return dict(zip(point_names(points), points))
+    named = dict(zip(point_names(points), points))
+    seen: dict[tuple, str] = {}
+    for name, point in named.items():
+        # the last value of a key wins (Hydra): two points that end up with the same values are one run
+        # twice, and the seed summary would count its games twice
+        values = tuple(sorted(dict(o.partition("=")[::2] for o in point).items()))
+        if values in seen:
+            raise ValueError(f"points {seen[values]} and {name} are the same run ({' '.join(point)}): an "
+                             "--override replaced the values that told the preset's sweeps apart; drop it or "
+                             "run one sweep of the preset with --point")
+        seen[values] = name
+    return named
 
 
 def select_points(named: dict[str, list[str]], only: list[str] | None) -> dict[str, list[str]]:

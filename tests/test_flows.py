@@ -76,6 +76,16 @@ def test_point_selection_keeps_the_sweep_order_and_refuses_unknown_names():
         select_points(named, ["a-9"])
 
 
+def test_an_override_that_makes_two_points_one_run_is_refused():
+    """turn_schedule's fixed-limit sweep and its schedule sweep differ only in rl.turn_schedule: with it
+    overridden, max_turns=14 came twice and the seed summary counted its games twice (seeds 0 0 1 1 2 2)."""
+    from flows.sweep import sweep_points
+
+    assert len(sweep_points(ROOT, "turn_schedule", ["experiment=micro"])) == 9
+    with pytest.raises(ValueError, match=r"points max_turns-14_seed-0 and max_turns-14_seed-0-3 are the same run"):
+        sweep_points(ROOT, "turn_schedule", ["rl.turn_schedule=[]"])
+
+
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="budget_split"):
         load_preset(ROOT, "nope")

@@ -40,6 +40,19 @@ def test_percents_round_halves_up():
     assert pct(None) == pct(math.nan) == "–"
 
 
+def test_a_mean_on_a_half_rounds_up_like_a_single_value():
+    # 0, 0 and 3 wins of 80: mean 1/80, which a float sum put at 0.012499999999999999 ("1.2")
+    from agentrecipe.report.finding import level_matrix
+    from agentrecipe.report.tables import pct
+
+    assert sum([0.0, 0.0, 0.0375]) / 3 < 0.0125
+    mean, _, _ = seeds.t_interval([0.0, 0.0, 0.0375])
+    assert pct(mean) == pct(1 / 80) == "1.3"
+    rows = [{"experiment": f"s{i}", "state": "success", "seed": str(i), "rl.L.success": str(v)}
+            for i, v in enumerate([0.0, 0.0, 0.0375])]
+    assert level_matrix(rows, [], "rl")[1] == [["1.3"]]
+
+
 def test_a_metric_read_back_as_nan_is_not_measured():
     rows = [_row("a0", "0.2", "0", 0.4), _row("a1", "0.2", "1", math.nan)]
     (summary,) = seeds.summarise(rows, ["budget.sft_fraction", "seed"])  # crashed before

@@ -104,7 +104,7 @@ def level_matrix(results: list[dict[str, str]], keys: list[str], policy: str = "
         for level in levels:
             values = [_num(m.get(f"{prefix}{level}.success", "")) for m in members if m.get("state") == "success"]
             values = [v for v in values if not math.isnan(v)]
-            cells.append(pct(sum(values) / len(values)) if values else "–")
+            cells.append(pct(seeds.exact_mean(values)) if values else "–")
         rows.append([*setting, *cells])
     return [*(k.split(".")[-1] for k in keys), *levels], rows
 

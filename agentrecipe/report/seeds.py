@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from decimal import ROUND_HALF_UP, Decimal
+from fractions import Fraction
 from typing import Any
 
 from agentrecipe.eval.metrics import mean_interval, wilson_interval
@@ -36,11 +37,17 @@ success of the sampled episodes (eval.samples per test game, averaged per game).
 the number of test games; a sampled cell is pooled over those (each game's rate weighted by one
 game), so its Wilson interval counts games, not sampled episodes."""
 
+def exact_mean(values: list[float]) -> float:
+    """The mean of `values` as written, in exact arithmetic: a float sum can land just under a half
+    that `pct` rounds up (0, 0 and 3/80 gave 0.012499999999999999, printed 1.2 where 1/80 is 1.3)."""
+    return float(sum(Fraction(repr(float(v))) for v in values) / len(values))
+
+
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """(mean, low, high): Student's t 95% interval of the mean, clipped to [0, 1]; nan bounds for one value."""
     if not values:
         raise ValueError("no values")
-    mean = sum(values) / len(values)
+    mean = exact_mean(values)
     if len(values) == 1:
         return mean, math.nan, math.nan
     return (mean, *mean_interval(values))
