@@ -214,6 +214,20 @@ def test_a_busy_healthy_server_is_not_taken_for_a_hung_one(servers):
         assert all(o is not None for o in pool.reset(games)) and pool.failures == 0
 
 
+def test_one_slow_call_does_not_set_a_healthy_server_aside(servers):
+    """Before, a request without an answer set its server aside for `retry_after`: after one 0.4 s
+    step against a 0.3 s timeout, the idle, healthy server got no episode of the next reset (all 4
+    failed: "no environment server answers"). Now the reset's /stats decides."""
+    games = [GameSpec(path=f"g{i}", level="x", env="fake", seed=i) for i in range(4)]
+    with RemotePool("fake", [servers["fake"].url], timeout=0.3, start_timeout=60, retry_after=60) as pool:
+        assert pool.reset(games[:1])[0] is not None
+        [res] = pool.step(["slow"])
+        assert res.failed and "no answer in time" in res.error
+        time.sleep(0.6)  # the slow call is over: the server is idle
+        assert all(o is not None for o in pool.reset(games)), pool.last_errors
+        assert not any(r.failed for r in pool.step(["win"] * 4)), pool.last_errors
+
+
 def test_a_server_with_a_hung_env_call_gets_no_new_episodes(servers):
     """A hung env call blocks its server's env thread for good, while its /health still answers.
     Before, the pool gave that server new episodes after every `retry_after`, and each failed by
@@ -300,6 +314,44 @@ def test_textworld_through_a_server_matches_the_local_env(servers, tw_games):
     assert got == expected
     assert all(obs[-1].won for obs in got)
     assert servers["textworld"].stats()["open_envs"] == 0
+
+
+def test_a_closed_session_opens_no_env(monkeypatch):
+    """OpenEnv's idle reaper closes a session but leaves its WebSocket open: a reset sent there later
+    opened a family env that no session accounted for (never closed, outside --max-episodes)."""
+    from agentrecipe.envs.server import COUNTS, FamilyEnvironment
+
+    monkeypatch.setitem(registry.FAMILIES, "fake", FAMILIES["fake"])
+    game = {"path": "g0", "level": "x", "env": "fake"}
+    session = FamilyEnvironment("fake", {})
+    before = COUNTS.open_envs
+    assert session.reset(game=game).text == "start 0" and COUNTS.open_envs == before + 1
+    session.close()
+    assert COUNTS.open_envs == before
+    with pytest.raises(ValueError, match="this session was closed"):
+        session.reset(game=game)
+    assert COUNTS.open_envs == before
+
+
+def test_a_relative_game_path_is_the_clients_not_the_servers(servers, tw_games, tmp_path, monkeypatch):
+    """Before, a relative path went to the server as it was and was opened in the server's working
+    folder (here the project root), where the client's games are not: a queued experiment's run in
+    its own copy failed every episode there, or played another build's game of the same name."""
+    import shutil
+
+    game = tw_games["custom"]
+    shutil.copytree(Path(game.path).parent, tmp_path / "client" / "games")
+    monkeypatch.chdir(tmp_path / "client")
+    relative = GameSpec(path=f"games/{Path(game.path).name}", level=game.level, env=game.env, seed=game.seed,
+                        expert_plan=game.expert_plan)
+    assert not (ROOT / relative.path).exists()
+    with RemotePool("textworld", [servers["textworld"].url], timeout=30) as pool:
+        [obs] = pool.reset([relative])
+        assert obs is not None, pool.last_errors
+        for action in game.expert_plan:
+            [res] = pool.step([action])
+            assert not res.failed, res.error
+        assert res.obs.won
 
 
 def test_expert_replays_for_sft_data_through_a_server(servers, tw_games):

@@ -14,10 +14,13 @@ Failures are EnvPool's: an env error, a request without an answer within `timeou
 server that died or hangs fails only the episodes it held, each once, as
 `StepResult(failed=True, error=...)` (or None from reset), counted in `failures`, never raised.
 Every reset first asks each server's `/stats` (within `connect_timeout`); a server that does
-not answer, left a request without an answer, or reports an env call running longer than
-`timeout` (hung: its /health still answers, but its env thread never comes back; `start_timeout`
-more until it has answered this pool once) gets no new episodes for `retry_after` seconds and is
-then asked again. A server's first resets get `start_timeout` more seconds (imports).
+not answer, or reports an env call running longer than `timeout` (hung: its /health still
+answers, but its env thread never comes back; `start_timeout` more until it has answered this
+pool once) gets no new episodes for `retry_after` seconds and is then asked again. A request
+left without an answer sets nothing aside by itself: the next reset's /stats tells a hung or
+frozen server from one call that was slow (before, one 0.4 s step against a 0.3 s timeout kept
+a healthy server out for `retry_after`, and every episode of the next reset failed).
+A server's first resets get `start_timeout` more seconds (imports).
 A server that does not answer when the pool starts, or serves another family, is an error then.
 """
 
@@ -28,6 +31,8 @@ import json
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from agentrecipe.envs.base import GameSpec, Observation
@@ -75,6 +80,14 @@ class FamilyClient(EnvClient[TextAction, TextObservation, State]):
     async def _close_from_server(ws) -> None:
         await ws.send(json.dumps({"type": "close"}))
         await ws.wait_closed()
+
+
+def absolute(game: GameSpec) -> GameSpec:
+    """`game` with its path made absolute where it names a file or folder here: a server opens a
+    relative path in its own working folder, where a queued experiment's (or another clone's)
+    games are not, or are another build's of the same name."""
+    path = Path(game.path)
+    return replace(game, path=str(path.resolve())) if not path.is_absolute() and path.exists() else game
 
 
 def _timed_out(e: BaseException) -> bool:
@@ -166,11 +179,6 @@ class RemotePool:
         self._down_until[server] = time.monotonic() + self.retry_after
         self._warm.discard(server)  # it may come back as a fresh process
 
-    def _note_failure(self, server: int, e: BaseException) -> None:
-        """A request without an answer: the server (whose env calls run one at a time) is hung."""
-        if _timed_out(e):
-            self._set_down(server)
-
     async def _drop(self, slot: int, cut: bool = False) -> None:
         """End the slot's session; `cut`: drop the connection at once (a request got no answer)."""
         _, client = self._sessions.pop(slot, (None, None))
@@ -190,10 +198,9 @@ class RemotePool:
         client = FamilyClient(self.urls[server], connect_timeout_s=self.connect_timeout, message_timeout_s=None)
         self._sessions[slot] = (server, client)
         try:
-            result = await asyncio.wait_for(client.reset(game=GameModel.from_spec(game).model_dump()),
+            result = await asyncio.wait_for(client.reset(game=GameModel.from_spec(absolute(game)).model_dump()),
                                             self.connect_timeout + limit)
         except Exception as e:  # noqa: BLE001 - any failure fails this episode only
-            self._note_failure(server, e)
             await self._drop(slot, cut=_timed_out(e))
             return False, f"{self.urls[server]}: {_why(e)}"
         self._warm.add(server)
@@ -223,7 +230,6 @@ class RemotePool:
         try:
             result = await asyncio.wait_for(client.step(TextAction(text=action)), self.timeout * calls[server])
         except Exception as e:  # noqa: BLE001
-            self._note_failure(server, e)
             await self._drop(slot, cut=_timed_out(e))
             return False, f"{self.urls[server]}: {_why(e)}"
         if result.done:  # the server has closed the episode's env; end the session too

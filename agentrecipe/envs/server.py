@@ -170,6 +170,7 @@ class FamilyEnvironment(Environment):
         self.options = options
         self.game_root = Path(game_root).resolve() if game_root else None
         self._env = None
+        self._closed = False  # closed by OpenEnv (client gone, or reaped idle): its socket may still send
         self._state = State()
 
     def _close_env(self) -> None:
@@ -191,12 +192,14 @@ class FamilyEnvironment(Environment):
         spec = self._check_game(GameModel.model_validate(game if game is not None else {}))
         with COUNTS.env_call():
             self._close_env()
+            self._refuse_if_closed()
             self._env = self.family.make_env(self.options)
             with COUNTS.lock:
                 COUNTS.open_envs += 1
                 COUNTS.episodes += 1
             try:
                 obs = self._env.reset(spec)
+                self._refuse_if_closed()  # closed while this reset ran: its env would outlive the session
             except BaseException:
                 self._close_env()
                 raise
@@ -222,7 +225,14 @@ class FamilyEnvironment(Environment):
         return self._state
 
     def close(self) -> None:  # not timed: OpenEnv may call it outside the env thread, beside a running call
+        self._closed = True
         self._close_env()
+
+    def _refuse_if_closed(self) -> None:
+        """An idle session OpenEnv reaped keeps its WebSocket: a reset there would open an env that no
+        session accounts for (never closed, outside --max-episodes, off the one env thread)."""
+        if self._closed:
+            raise ValueError("this session was closed (idle past the server's idle timeout): open a new one")
 
     def get_metadata(self) -> EnvironmentMetadata:
         """`name` is the family: the remote pool checks it at start."""
