@@ -59,18 +59,23 @@ def expand(sweeps: list[list[str]]) -> list[list[str]]:
     return [point["params.yaml"] for s in sweeps for point in get_hydra_sweeps({"params.yaml": list(s)})]
 
 
+def override_values(overrides: list[str]) -> dict[str, str]:
+    """{key: value} of `key=value` overrides, the last value of a key winning (as in Hydra)."""
+    return dict(o.partition("=")[::2] for o in overrides)
+
+
 def seed_major(points: list[list[str]]) -> list[list[str]]:
     """The points ordered by their `seed` value (first-seen order of the values), the order within a
     seed kept: the queue runs every setting's first seed before any second seed, so a sweep cut short
     still compares every setting."""
-    seed_of = [dict(o.partition("=")[::2] for o in p).get(seeds.SEED_KEY, "") for p in points]
+    seed_of = [override_values(p).get(seeds.SEED_KEY, "") for p in points]
     rank = {s: i for i, s in enumerate(dict.fromkeys(seed_of))}
     return [p for _, _, p in sorted(zip((rank[s] for s in seed_of), range(len(points)), points))]
 
 
 def swept_keys(points: list[list[str]]) -> list[str]:
     """The override keys whose value differs between points, in first-seen order."""
-    parsed = [dict(o.partition("=")[::2] for o in p) for p in points]
+    parsed = [override_values(p) for p in points]
     return [k for k in dict.fromkeys(k for p in parsed for k in p) if len({p.get(k) for p in parsed}) > 1]
 
 
@@ -79,7 +84,7 @@ def result_keys(points: list[list[str]]) -> list[str]:
     point sets it even if to one value (a one-seed sweep, e.g. `seed=0`), so that its rows are summed up
     like a seed axis's (one seed per setting) and a finding page can be written from them."""
     keys = swept_keys(points)
-    fixed_seed = all(seeds.SEED_KEY in dict(o.partition("=")[::2] for o in p) for p in points)
+    fixed_seed = all(seeds.SEED_KEY in override_values(p) for p in points)
     return keys if seeds.SEED_KEY in keys or not fixed_seed else [*keys, seeds.SEED_KEY]
 
 
@@ -90,7 +95,7 @@ def point_names(points: list[list[str]]) -> list[str]:
     keys = swept_keys(points)
     names: list[str] = []
     for point in points:
-        given = dict(o.partition("=")[::2] for o in point)
+        given = override_values(point)
         parts = []
         for key in [k for k in keys if k in given] or list(given):
             value = re.sub(r"[^A-Za-z0-9._]+", "-", re.sub(r"^-", "m", given[key])).strip("-.")
@@ -308,7 +313,7 @@ def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swe
     """A point's row: state, swept values, success cells, error and flat metrics (none unless its
     experiment succeeded with the params its overrides compose to and wrote metrics of its own)."""
     rec = rec or {"state": "missing", "metrics": {}, "log": None}
-    given = dict(o.partition("=")[::2] for o in overrides)
+    given = override_values(overrides)
     state = rec["state"]
     error = (compare.error_tail(rec["log"]) or NO_LOG) if state == "failed" else ""
     if state == "success" and (differ := params_differ(params_dir, overrides, rec["params"])):
@@ -468,9 +473,9 @@ def sweep_points(project: Path, preset: str | None, overrides: list[str] | None)
     named = dict(zip(point_names(points), points))
     seen: dict[tuple, str] = {}
     for name, point in named.items():
-        # the last value of a key wins (Hydra): two points that end up with the same values are one run
-        # twice, and the seed summary would count its games twice
-        values = tuple(sorted(dict(o.partition("=")[::2] for o in point).items()))
+        # two points that end up with the same values are one run twice, and the seed summary would
+        # count its games twice
+        values = tuple(sorted(override_values(point).items()))
         if values in seen:
             raise ValueError(f"points {seen[values]} and {name} are the same run ({' '.join(point)}): an "
                              "--override replaced the values that told the preset's sweeps apart; drop it or "
