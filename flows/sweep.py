@@ -180,13 +180,21 @@ def queue_points(project: str, points: dict[str, list[str]], targets: list[str] 
 WORKER_GRACE_S = 15.0
 
 
+def queue_workers_done(live: list[int], seen: set[int], jobs: int, idle_s: float) -> bool:
+    """After a stop: no queue worker is up now and none will come. `dvc exp run --run-all -j jobs`
+    spawns its `jobs` workers once, as it starts: once that many (`seen`) have come and gone, no
+    other comes; until then one may still be starting, and the wait is WORKER_GRACE_S with none up
+    (`idle_s`)."""
+    return not live and (len(seen) >= jobs or idle_s >= WORKER_GRACE_S)
+
+
 @task(name="run-queue", cache_policy=NO_CACHE)
 def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_after_s: float | None = None) -> list[str]:
     """`dvc exp run --run-all -j jobs`, its output in `log_path` and the run log. The task's timeout
     (Prefect's `timeout_seconds`) interrupts the wait: running experiments are killed, queued ones removed.
     stop_after_s: after this many seconds the workers get a warm shutdown (each finishes the point it
-    runs and takes no other; one coming up later is told too and runs at most one), and once no worker
-    has been up for WORKER_GRACE_S this sweep's points still queued are removed. Returns the names of
+    runs and takes no other; one coming up later is told too and runs at most one), and once the workers
+    have left (`queue_workers_done`) this sweep's points still queued are removed. Returns the names of
     the points removed so (none without stop_after_s)."""
     env = dvc_env(project)
     # Workers side by side share the cores (stages size their torch threads by this).
@@ -197,9 +205,11 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
         proc = subprocess.Popen(dvc("exp", "run", "--run-all", "-j", str(jobs)), cwd=project, env=env,
                                 stdout=log, stderr=subprocess.STDOUT)
         partial, started, stopping, told, last_up = b"", time.monotonic(), False, set(), 0.0
+        seen: set[int] = set()  # the queue workers up at some poll (a worker left by an earlier run is gone)
         try:
             while proc.poll() is None:  # a Python loop, so a timeout can interrupt it
                 time.sleep(1.0)
+                seen.update(live_queue_workers(project))
                 *lines, partial = (partial + follow.read()).split(b"\n")
                 for line in lines:  # the queue's output, live in the run log
                     if text := line.decode(errors="replace").split("\r")[-1].strip():
@@ -210,9 +220,10 @@ def run_queue(project: str, names: list[str], jobs: int, log_path: str, stop_aft
                     stopping, last_up = True, now
                 if stopping:
                     told |= stop_queue_workers(project, told)  # also one that comes up late (a slow start)
-                    if live_queue_workers(project):
+                    seen |= told
+                    if live := live_queue_workers(project):
                         last_up = now
-                    elif now - last_up >= WORKER_GRACE_S:  # none up, nor come up, for that long
+                    if queue_workers_done(live, seen, jobs, now - last_up):
                         proc.kill()  # `--run-all` would wait for the queued points forever
                         proc.wait()
             # Every point has run (a worker runs each as one task): let the idle workers go now rather than

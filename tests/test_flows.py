@@ -611,6 +611,17 @@ Worker status: 0 active, 0 idle
     assert queue_tasks(status + "9f8e7d6  p2      09:20 PM   Failed\n", "Failed") == [("9f8e7d6", "p2")]
 
 
+def test_after_a_stop_the_queue_is_done_once_its_workers_have_left():
+    from flows.sweep import WORKER_GRACE_S, queue_workers_done
+
+    assert not queue_workers_done([11], {11}, jobs=1, idle_s=60.0)  # a worker still finishing its point
+    assert queue_workers_done([], {11}, jobs=1, idle_s=0.0)  # the one worker -j 1 spawns came and went
+    assert not queue_workers_done([], {11}, jobs=2, idle_s=1.0)  # the second of -j 2 may still be starting
+    assert queue_workers_done([], {11, 12}, jobs=2, idle_s=1.0)
+    assert not queue_workers_done([], set(), jobs=1, idle_s=WORKER_GRACE_S - 1)  # none seen yet: a slow start
+    assert queue_workers_done([], set(), jobs=1, idle_s=WORKER_GRACE_S)
+
+
 def test_live_queue_workers_reads_dvcs_worker_pid_files(tmp_path):
     from flows.sweep import live_queue_workers
 
