@@ -477,6 +477,9 @@ class RLConfig:
                f"advantage; {self.algo}{' with turn_level_returns' if self.turn_level_returns else ''} "
                "learns from such groups too (per-turn or step returns, a critic or a batch baseline), "
                "and dropping them would throw that signal away")
+        _check(not (self.dynamic_sampling and self.kl_in_reward and self.kl_coef > 0), "rl.dynamic_sampling",
+               "with rl.kl_in_reward (and kl_coef > 0) each episode's advantage carries its own KL penalty, so "
+               "a group whose task returns are equal still has a signal, and dropping it would throw that away")
         _check(self.kl_coef >= 0, "rl.kl_coef", "must be >= 0 (a negative coefficient rewards moving away)")
         _check(self.kl_coef == 0 or self.kl_in_reward or self.kl_estimator != "k1", "rl.kl_estimator",
                "k1 (log pi - log pi_ref) in the loss has zero expected gradient on the policy's own samples, "

@@ -54,11 +54,11 @@ def free_port() -> int:
 class Server:
     """One `serve-env` process on 127.0.0.1 (stopped by its PID)."""
 
-    def __init__(self, family: str, log_dir: Path, port: int | None = None):
+    def __init__(self, family: str, log_dir: Path, port: int | None = None, params: Path | None = None):
         self.family, self.port = family, port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log_dir / f"{family}-{self.port}-{time.monotonic_ns()}.log"
-        args = ["serve-env", "--env", family, "--port", str(self.port), "--params", str(log_dir / "none.yaml")]
+        args = ["serve-env", "--env", family, "--port", str(self.port), "--params", str(params or log_dir / "none.yaml")]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *args], cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -82,6 +82,14 @@ class Server:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def test_families_here_too(monkeypatch):
+    """The test families registered in this process as in the servers' (a pool reads its family's
+    play options)."""
+    for name, module in FAMILIES.items():
+        monkeypatch.setitem(registry.FAMILIES, name, module)
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +406,37 @@ def test_unreachable_or_wrong_server_is_an_error_at_start(servers):
     with pytest.raises(ConnectionError, match="serves 'fixed', not 'textworld'"):
         RemotePool("textworld", [servers["a"].url])
     assert time.monotonic() - start < 10
+
+
+def test_play_options_are_the_ones_that_change_episodes():
+    defaults = registry.play_options("swe", {})
+    assert defaults["window"] == 15 and "cache_dir" not in defaults and "p2p" not in defaults  # build / local keys
+    assert registry.play_options("swe", {"window": 30, "cache_dir": "/srv", "p2p": 2}) == {**defaults, "window": 30}
+    assert registry.play_options("alfworld", {"data_dir": "/data"}) == {"expert": "handcoded", "max_expert_steps": 200}
+    assert registry.play_options("textworld", {"expert": False}) == {}  # nothing a policy sees
+    assert registry.option_differences("swe", defaults, {**defaults, "window": 30}) == [
+        "env.swe.window: this run 15, the server 30"]
+
+
+def test_a_server_playing_other_options_is_an_error_at_start(tmp_path):
+    """A run recorded env.swe.window 15 while its server showed 30 lines: silently another experiment."""
+    import yaml
+
+    from agentrecipe.params import compose
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(compose(ROOT / "params", ["env=swe", "env.swe.window=30",
+                                                               "env.swe.cache_dir=/srv/swe-cache"])))
+    server = Server("swe", tmp_path, params=params)
+    try:
+        server.wait()
+        assert server.stats()["play_options"]["window"] == 30
+        with pytest.raises(ConnectionError, match=r"plays other options \(env\.swe\.window: this run 15, the server 30\)"):
+            RemotePool("swe", [server.url], options={})
+        # the same play options, another cache folder (this machine's): accepted
+        RemotePool("swe", [server.url], options={"window": 30, "cache_dir": "/elsewhere"}).close()
+    finally:
+        server.stop()
 
 
 def test_unknown_family_and_bad_urls_are_refused_before_any_work(capsys):

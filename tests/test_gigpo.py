@@ -186,6 +186,8 @@ def test_rl_gigpo_params_compose_and_validate():
     (dict(algo="gigpo", gamma=0.95, discount="turn", dynamic_sampling=True), "rl.dynamic_sampling"),
     (dict(algo="grpo", turn_level_returns=True, dynamic_sampling=True), "rl.dynamic_sampling"),
     (dict(algo="reinforce_pp", dynamic_sampling=True), "rl.dynamic_sampling"),
+    # ... and with a KL penalty in the reward, equal task returns still leave per-episode advantages
+    (dict(algo="grpo", dynamic_sampling=True, kl_in_reward=True, kl_coef=0.1, kl_estimator="k1"), "rl.dynamic_sampling"),
     (dict(kl_coef=-0.05), "rl.kl_coef"),
     (dict(kl_coef=0.01, kl_estimator="k1", kl_in_reward=False), "rl.kl_estimator"),  # zero expected gradient
     (dict(algo="ppo", group_size=1, critic_lr=0.0), "rl.critic_lr"),
@@ -200,6 +202,7 @@ def test_rl_config_refuses_meaningless_combinations(kwargs, key):
 
 @pytest.mark.parametrize("kwargs", [
     dict(algo="grpo", dynamic_sampling=True), dict(algo="rloo", dynamic_sampling=True),
+    dict(algo="rloo", dynamic_sampling=True, kl_coef=0.1, kl_estimator="k3", kl_in_reward=False),  # KL in the loss
     dict(algo="reinforce_pp", kl_coef=0.01, kl_estimator="k1", kl_in_reward=True),
     dict(kl_coef=0.01, kl_estimator="k3", kl_in_reward=False),
     dict(algo="grpo", gamma=0.9, turn_level_returns=True), dict(algo="ppo", group_size=1, bootstrap_truncated=True),

@@ -393,9 +393,10 @@ class EnvPool:
 
 def open_pool(family: str, options: dict, workers: int, timeout: float, remote: list[str] | tuple = ()):
     """The pool to play `family` through: its servers when `remote` lists any (OpenEnv HTTP,
-    agentrecipe/envs/remote_pool.py), else `workers` local worker processes."""
+    agentrecipe/envs/remote_pool.py; they must play with `options`' play options), else `workers`
+    local worker processes."""
     if remote:
         from agentrecipe.envs.remote_pool import RemotePool
 
-        return RemotePool(family, list(remote), timeout=timeout)
+        return RemotePool(family, list(remote), timeout=timeout, options=options)
     return EnvPool(family, options, n_workers=workers, timeout=timeout)

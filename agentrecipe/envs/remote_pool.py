@@ -21,7 +21,9 @@ left without an answer sets nothing aside by itself: the next reset's /stats tel
 frozen server from one call that was slow (before, one 0.4 s step against a 0.3 s timeout kept
 a healthy server out for `retry_after`, and every episode of the next reset failed).
 A server's first resets get `start_timeout` more seconds (imports).
-A server that does not answer when the pool starts, or serves another family, is an error then.
+A server that does not answer when the pool starts, serves another family, or plays it with other
+options that change episodes (the family's PLAY_OPTIONS, e.g. env.swe.window) than this run's
+`options`, is an error then: the run would record its own options and play the server's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agentrecipe.envs import registry
 from agentrecipe.envs.base import GameSpec, Observation
 from agentrecipe.envs.pool import StepResult
 from agentrecipe.envs.server import GameModel, TextAction, TextObservation  # first: it keeps gradio out of openenv
@@ -102,10 +105,11 @@ def _why(e: BaseException) -> str:
 
 class RemotePool:
     def __init__(self, family: str, urls: list[str], timeout: float = 30.0, connect_timeout: float = 5.0,
-                 retry_after: float = 30.0, start_timeout: float = 120.0):
+                 retry_after: float = 30.0, start_timeout: float = 120.0, options: dict[str, Any] | None = None):
         if not urls:
             raise ValueError("RemotePool needs at least one server URL")
         self.family = family
+        self.play_options = registry.play_options(family, options)  # what every server must play with
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout = timeout
         """Seconds one env call may take. A server runs its env calls one at a time, so a request
@@ -129,7 +133,8 @@ class RemotePool:
         if problems:
             self.close()
             raise ConnectionError(f"env.remote: {'; '.join(problems)} (each URL needs "
-                                  f"`agentrecipe serve-env --env {family} --port P` running)")
+                                  f"`agentrecipe serve-env --env {family} --port P --params <this run's "
+                                  f"params.yaml>` running)")
 
     # ---------------------------------------------------------------- plumbing
     def _run(self, coro):
@@ -144,13 +149,18 @@ class RemotePool:
             return r.json()
 
     async def _check_servers(self) -> list[str]:
-        """Every server answers and serves this family; what is wrong otherwise."""
+        """Every server answers, serves this family and plays it with this run's play options; what is
+        wrong otherwise."""
         async def check(server: int) -> str | None:
             try:
                 name = (await self._get(server, "/metadata")).get("name")
+                if name != self.family:
+                    return f"{self.urls[server]} serves {name!r}, not {self.family!r}"
+                served = (await self._get(server, "/stats")).get("play_options", {})
             except Exception as e:  # noqa: BLE001
                 return f"{self.urls[server]} does not answer ({_why(e)})"
-            return None if name == self.family else f"{self.urls[server]} serves {name!r}, not {self.family!r}"
+            differ = registry.option_differences(self.family, self.play_options, served)
+            return f"{self.urls[server]} plays other options ({'; '.join(differ)})" if differ else None
 
         return [p for p in await asyncio.gather(*(check(i) for i in range(len(self.urls)))) if p]
 

@@ -241,8 +241,9 @@ class FamilyEnvironment(Environment):
 
 def create_app(family: str, options: dict[str, Any] | None = None, max_episodes: int = 256,
                idle_timeout: float = 600.0, game_root: str | None = None):
-    """The FastAPI app serving `family` (an unknown family fails here, listing the known ones)."""
-    registry.get_family(family)
+    """The FastAPI app serving `family` (an unknown family fails here, listing the known ones, and so do
+    bad options)."""
+    played = registry.play_options(family, options)  # in /stats: a remote pool checks them against its run's
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
 
@@ -267,7 +268,7 @@ def create_app(family: str, options: dict[str, Any] | None = None, max_episodes:
     @app.get("/stats")
     def stats() -> dict[str, Any]:
         return {"family": family, "open_envs": COUNTS.open_envs, "episodes": COUNTS.episodes, "pid": os.getpid(),
-                "busy_s": COUNTS.busy_s()}
+                "busy_s": COUNTS.busy_s(), "play_options": played}
 
     return app
 

@@ -56,11 +56,12 @@ def success_table(metrics: dict, levels: list[str] | None = None) -> str:
 
 def results_table(metrics: dict, levels: list[str] | None = None) -> str:
     """One row per level and policy: success % [95% CI], score, turns of won episodes,
-    invalid-action %, pass@k %, greedy episodes and failed episodes."""
+    invalid-action %, pass@k %, greedy episodes (n, what success counts) and failed episodes, greedy and
+    sampled (the failure guard's count)."""
     levels = levels or levels_of(metrics)
     ks = pass_keys(metrics)
     header = ["level", "policy", "success % [95% CI]", "score", "turns (won)", "invalid %"] + [f"{k} %" for k in ks]
-    header += ["n", "failed"]
+    header += ["n", "failed (all episodes)"]
     rows = []
     for lvl in levels:
         for policy, cells in metrics.items():

@@ -41,6 +41,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# The expert each observation's expert_action comes from (demonstrations, the expert baseline); the
+# rest build or import the games.
+PLAY_OPTIONS = ("expert", "max_expert_steps")
+
+
 def options_of(options: Any) -> dict[str, Any]:
     """`options` (the env.alfworld dict, or an EnvConfig) merged over DEFAULTS; unknown keys refused."""
     if options is None:

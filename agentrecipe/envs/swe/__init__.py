@@ -40,6 +40,11 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# What an episode shows and how its test runs are limited; the rest build the tasks (or, cache_dir,
+# name a folder of this machine).
+PLAY_OPTIONS = ("window", "max_obs_chars", "candidate_edits", "timeout", "memory_mb", "nproc", "max_output")
+
+
 def options_of(options: Any) -> dict[str, Any]:
     """`options` (the env.swe dict, or an EnvConfig) merged over DEFAULTS; unknown keys and bad pins refused."""
     from agentrecipe.envs.swe.packages import parse_spec
