@@ -47,39 +47,37 @@ def torchrun(args: list[str], cwd: Path, timeout: int = 600, nproc: int = 2) -> 
 
 
 @pytest.mark.slow
-def test_sft_two_ranks_identical_weights(tmp_path):
-    """ZeRO stages 1, 2 and 3, one after the other in one launch (each launch spends most of its time
-    importing torch and DeepSpeed on both ranks)."""
+def test_sft_on_two_ranks_identical_weights_and_the_one_rank_step(tmp_path):
+    """ZeRO stages 0 to 3, one after the other in one 2-rank launch (each launch spends most of its time
+    importing torch and DeepSpeed on both ranks), on uneven shards: batch 3 -> shards of 2 and 1 rows,
+    and the last batch's 1 row leaves one rank without any. Every stage ends with the same, changed
+    weights on both ranks; and stage 0's update is one rank's: one token-mean over the whole batch,
+    whichever rank holds the tokens. Before, each rank's loss was its own token-mean and DeepSpeed
+    averaged them, so tokens on the rank with fewer weighed more (the update differed from one rank's
+    by 26% on such rows), and a rank with no row in a batch passed a copy of the first row at full weight."""
     rows = tmp_path / "rows.jsonl"
-    # batch 4 -> 3 steps, 2 rows per rank. DeepSpeed's WarmupLR runs the first two steps at lr 0
-    # (warmup_num_steps is clamped to >= 2 and the ramp starts at warmup_min_lr = 0), so 3 steps move the weights.
-    rows.write_text("\n".join(json.dumps(r) for r in fake_rows(12)))
-    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path), "--zero-stage", "1", "2", "3"], ROOT)
-    init = torch.load(tmp_path / "init.pt")
-    for zero_stage in (1, 2, 3):
-        r0, r1 = (torch.load(tmp_path / f"zero{zero_stage}" / f"rank{r}.pt") for r in (0, 1))
+    # 13 rows, batch 3: 5 steps. DeepSpeed's WarmupLR runs the first two steps at lr 0 (warmup_num_steps
+    # is clamped to >= 2 and the ramp starts at warmup_min_lr = 0), so 3 steps move the weights.
+    rows.write_text("\n".join(json.dumps(r) for r in fake_rows(13)))
+    stages = (0, 1, 2, 3)
+    for nproc in (1, 2):
+        (tmp_path / f"ranks{nproc}").mkdir()
+    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path / "ranks1"), "--batch-size", "3"], ROOT, nproc=1)
+    torchrun([str(DRIVER), "--rows", str(rows), "--out", str(tmp_path / "ranks2"), "--batch-size", "3",
+              "--zero-stage", *map(str, stages)], ROOT)
+    init = torch.load(tmp_path / "ranks2" / "init.pt")
+    for zero_stage in stages:
+        r0, r1 = (torch.load(tmp_path / "ranks2" / f"zero{zero_stage}" / f"rank{r}.pt") for r in (0, 1))
         assert r0.keys() == r1.keys() == init.keys(), zero_stage
         for k in r0:
             assert torch.equal(r0[k], r1[k]), f"zero {zero_stage}: rank weights differ at {k}"
         changed = [k for k in r0 if not torch.equal(r0[k], init[k])]
         assert len(changed) == len(r0), f"zero {zero_stage}: unchanged after training: {sorted(set(r0) - set(changed))}"
-
-
-@pytest.mark.slow
-def test_sft_on_two_ranks_takes_the_one_rank_step(tmp_path):
-    """One token-mean over the whole batch, whichever rank holds the tokens. Before, each rank's loss
-    was its own token-mean and DeepSpeed averaged them, so tokens on the rank with fewer weighed
-    more (the update differed from one rank's by 26% on such rows), and a rank with no row in a
-    batch passed a copy of the first row at full weight."""
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("\n".join(json.dumps(r) for r in fake_rows(13)))  # batch 3: shards of 2 and 1 rows, last batch 1 row
     updates = {}
     for nproc in (1, 2):
         out = tmp_path / f"ranks{nproc}"
-        out.mkdir()
-        torchrun([str(DRIVER), "--rows", str(rows), "--out", str(out), "--batch-size", "3"], ROOT, nproc=nproc)
-        init, trained = torch.load(out / "init.pt"), torch.load(out / "zero0" / "rank0.pt")
-        updates[nproc] = torch.cat([(trained[k] - init[k]).flatten() for k in init])
+        one_init, trained = torch.load(out / "init.pt"), torch.load(out / "zero0" / "rank0.pt")
+        updates[nproc] = torch.cat([(trained[k] - one_init[k]).flatten() for k in one_init])
     assert updates[1].norm() > 0
     assert float((updates[2] - updates[1]).norm() / updates[1].norm()) < 1e-4
 
