@@ -324,3 +324,29 @@ def test_a_corrupt_best_is_not_traded_for_an_older_checkpoint_that_kept_none(tmp
     resume = ck.latest_checkpoint(tmp_path, "aaaa", report=None)
     assert resume.name == "step_000020" and not (resume / ck.BEST_DIR).exists()
     assert (tmp_path / "step_000010").is_dir()
+
+
+def test_a_replaced_folder_and_file_are_flushed_to_disk_before_they_count(tmp_path, monkeypatch):
+    """A kill leaves the old or the new folder; a power loss could leave the new name on files not yet
+    written out (renames reach the disk before data without a flush). Every file and folder of the new
+    tree is flushed before the renames, and the parent after them."""
+    order = []
+    monkeypatch.setattr(ck, "fsync_path", lambda path: order.append(("fsync", Path(path))))
+    rename = Path.rename
+    monkeypatch.setattr(Path, "rename", lambda self, to: (order.append(("rename", self)), rename(self, to))[1])
+    new = tmp_path / "model.tmp"
+    (new / "sub").mkdir(parents=True)
+    (new / "weights.bin").write_bytes(b"w")
+    (new / "sub" / "config.json").write_text("{}")
+    (new / "link").symlink_to(new / "weights.bin")
+    (tmp_path / "model").mkdir()  # the folder it replaces
+    ck.replace_dir(new, tmp_path / "model")
+    synced = [p for what, p in order if what == "fsync"]
+    renames = [i for i, (what, _) in enumerate(order) if what == "rename"]
+    assert set(synced[:4]) == {new, new / "sub", new / "weights.bin", new / "sub" / "config.json"}  # not the link
+    assert len(renames) == 2 and renames[0] == 4 and order[-1] == ("fsync", tmp_path)
+    assert (tmp_path / "model" / "sub" / "config.json").read_text() == "{}"
+
+    order.clear()
+    ck.replace_file(tmp_path / "state.json", "{}")
+    assert [p.name for _, p in order] == ["state.json.tmp", tmp_path.name]

@@ -3,7 +3,9 @@
 A folder is replaced by writing the new one beside it, renaming the old one aside, renaming
 the new one in, then deleting the old one (`replace_dir`): a kill at any point leaves the
 old folder or the new one under the final name, or, between the two renames, the old one
-under ``<name>.old``.
+under ``<name>.old``. The new folder's files are flushed to disk before the renames, and the
+renames after (`sync_tree`), so a power loss, not only a kill, leaves complete files under the
+final name.
 """
 
 from __future__ import annotations
@@ -36,24 +38,47 @@ def aside_path(final: Path) -> Path:
     return final.with_name(final.name + ".old")
 
 
+def fsync_path(path: Path) -> None:
+    """Flush one file, or one folder's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: Path) -> None:
+    """Flush every file and folder under `root` to disk (links are left alone: what they name is not
+    this tree's to flush)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                fsync_path(Path(folder, name))
+        fsync_path(Path(folder))
+
+
 def replace_dir(new: Path, final: Path) -> Path:
     """Move the complete folder `new` to `final`: the old `final` is renamed aside, then deleted."""
     new, final = Path(new), Path(final)
     old = aside_path(final)
     shutil.rmtree(old, ignore_errors=True)
+    sync_tree(new)
     if final.exists():
         final.rename(old)
     new.rename(final)
+    fsync_path(final.parent)  # the renames
     shutil.rmtree(old, ignore_errors=True)
     return final
 
 
 def replace_file(path: str | Path, text: str) -> Path:
-    """Write `text` to `path` through a temporary file and an atomic rename."""
+    """Write `text` to `path` through a temporary file, flushed to disk, and an atomic rename."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
+    fsync_path(tmp)
     os.replace(tmp, path)
+    fsync_path(path.parent)
     return path
 
 
