@@ -149,10 +149,9 @@ class KillingBackend:
         return getattr(self.backend, name)
 
 
-def test_rollout_engine_plays_through_two_servers_as_through_the_local_pool(servers, policy, monkeypatch):
+def test_rollout_engine_plays_through_two_servers_as_through_the_local_pool(servers, policy):
     from agentrecipe.envs.pool import EnvPool
 
-    monkeypatch.setitem(registry.FAMILIES, "fixed", "fixed_turn_env")
     with EnvPool("fixed", {}, n_workers=0) as local:
         expected = play(policy, local, FIXED)
     a, b = servers["a"], servers["b"]
@@ -326,12 +325,11 @@ def test_textworld_through_a_server_matches_the_local_env(servers, tw_games):
     assert servers["textworld"].stats()["open_envs"] == 0
 
 
-def test_a_closed_session_opens_no_env(monkeypatch):
+def test_a_closed_session_opens_no_env():
     """OpenEnv's idle reaper closes a session but leaves its WebSocket open: a reset sent there later
     opened a family env that no session accounted for (never closed, outside --max-episodes)."""
     from agentrecipe.envs.server import COUNTS, FamilyEnvironment
 
-    monkeypatch.setitem(registry.FAMILIES, "fake", FAMILIES["fake"])
     game = {"path": "g0", "level": "x", "env": "fake"}
     session = FamilyEnvironment("fake", {})
     before = COUNTS.open_envs
