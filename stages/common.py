@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+import stages
 from agentrecipe import dist
 from agentrecipe.config import ConfigError, load_config
 
@@ -30,6 +31,9 @@ by hand or by a test leaves the pipeline's files alone."""
 
 
 def stage_args(description: str, add_arguments=None) -> argparse.Namespace:
+    """The run starts: its imports are done (stages.imports_done), its command line parsed, its wall
+    time counted from here."""
+    stages.imports_done()
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", default="params.yaml", help="composed params file")
     if add_arguments:

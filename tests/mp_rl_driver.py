@@ -16,6 +16,7 @@ and early stops as OUT/run{i}/rank{R}.pt.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from pathlib import Path
 
@@ -90,4 +91,5 @@ def train(policy: str, out: Path, zero_stage: int, target_kl: float | None, upda
 
 
 if __name__ == "__main__":
+    gc.freeze()  # the imports: out of every collection, at exit too (as in stages/__init__.py)
     main()

@@ -12,6 +12,7 @@ before training).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from pathlib import Path
@@ -57,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # the imports: out of every collection, at exit too (as in stages/__init__.py)
     main()
