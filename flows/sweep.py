@@ -319,6 +319,11 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     return rows
 
 
+SAMPLING_KEYS = ("eval.temperature", "eval.samples")
+"""Params of each point kept in results.csv: whether its evaluation sampled episodes at all (at
+temperature 0 or with no samples, a model's pass@k is its greedy episode's win)."""
+
+
 def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swept: list[str], params_dir: Path,
                 no_metrics: str | None) -> dict[str, Any]:
     """A point's row: state, swept values, success cells, error and flat metrics (none unless its
@@ -332,7 +337,9 @@ def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swe
         rec = {**rec, "metrics": {}}
     elif state == "success" and no_metrics:
         error, rec = no_metrics, {**rec, "metrics": {}}
+    ran_with = rec.get("params") or {}
     return {"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
+            **{k: ran_with.get(k, "") for k in SAMPLING_KEYS if k not in swept},
             "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
             "rl ood": compare.success(rec["metrics"], "rl", "ood"),
             "sft in-domain": compare.success(rec["metrics"], "sft", "in_domain"),
