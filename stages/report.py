@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentrecipe.config import BudgetConfig, ConfigError, RLConfig, from_dict
+import yaml
+
+from agentrecipe.config import BudgetConfig, ConfigError, EvalConfig, RLConfig, from_dict
 from agentrecipe.envs.manifest import MANIFEST_NAME, read_manifest
 from agentrecipe.params import compose
 from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, split_rl_curves
@@ -34,8 +36,6 @@ def _section(cls, params: dict, name: str):
 
 def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
     """The provenance section of the report (params.yaml against the composed defaults of params/)."""
-    import yaml
-
     params = yaml.safe_load(params_path.read_text()) if params_path.exists() else {}
     defaults = compose("params") if Path("params/config.yaml").exists() else {}
     budget_cfg, rl = _section(BudgetConfig, params, "budget"), _section(RLConfig, params, "rl")
@@ -89,7 +89,10 @@ def main() -> None:
         figures[name] = plot_curves(curves, out / png, name, smoothing=smoothing)
         notes[name] = f"No learning curves found under `{run_dir}` (no DVCLive *.tsv files)."
     figures = {name: p.relative_to(out) if p is not None else None for name, p in figures.items()}
-    page = render_report(metrics, figures, notes)
+    eval_cfg = _section(EvalConfig, yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else {},
+                        "eval")
+    page = render_report(metrics, figures, notes,
+                         sampled=eval_cfg is None or (eval_cfg.temperature > 0 and eval_cfg.samples > 0))
     page += "\n" + what_ran(Path(args.params), Path(args.envs), Path(args.timings))
     (out / "report.md").write_text(page)
     drawn = [str(p) for p in figures.values() if p is not None]

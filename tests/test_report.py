@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentrecipe.report.plots import find_curves, plot_curves, plot_success_by_level, read_tsv
 from agentrecipe.report.tables import render_report, results_table, success_table
@@ -76,6 +77,14 @@ def test_render_report_says_when_a_figure_is_missing():
     assert "## All metrics" in page
 
 
+def test_render_report_says_when_no_episode_was_sampled():
+    """At eval.temperature 0 a model's pass@k is its greedy episode's win: the page said "from
+    sampled episodes" all the same."""
+    assert "from sampled episodes" in render_report(METRICS, {})
+    page = render_report(METRICS, {}, sampled=False)
+    assert "from sampled episodes" not in page and "a model's pass@k is its greedy episode's win" in page
+
+
 def test_report_stage(tmp_path):
     (tmp_path / "eval").mkdir()
     (tmp_path / "eval/metrics.json").write_text(json.dumps(METRICS))
@@ -96,6 +105,18 @@ def test_report_stage(tmp_path):
     assert "| rl | 45.0 [25.8, 65.8] |" in page
     assert sorted(p.name for p in out.glob("*.png")) == ["sft_curves.png", "success_by_level.png"]
     assert "## What ran" in page and "git revision" in page and "rl.seed=" in page
+    assert "from sampled episodes" in page  # the default recipe samples at eval.temperature 1
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["eval"]["temperature"] = 0.0
+    (tmp_path / "greedy.yaml").write_text(yaml.safe_dump(params))
+    run = subprocess.run(
+        [sys.executable, "-m", "stages.report", "--params", str(tmp_path / "greedy.yaml"), "--eval", str(tmp_path / "eval"),
+         "--metrics-dir", str(tmp_path / "metrics"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "a model's pass@k is its greedy episode's win" in (out / "report.md").read_text()
 
 
 def test_show_results(tmp_path, capsys):
