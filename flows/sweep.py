@@ -319,9 +319,9 @@ def collect_results(project: str, points: dict[str, list[str]], out: str, title:
     return rows
 
 
-SAMPLING_KEYS = ("eval.temperature", "eval.samples")
-"""Params of each point kept in results.csv: whether its evaluation sampled episodes at all (at
-temperature 0 or with no samples, a model's pass@k is its greedy episode's win)."""
+SAMPLING_KEY = "eval.temperature"
+"""The param of each point kept in results.csv: whether its evaluation sampled episodes at all (at
+temperature 0 a model's pass@k is its greedy episode's win; eval.samples is at least 1)."""
 
 
 def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swept: list[str], params_dir: Path,
@@ -337,9 +337,8 @@ def _result_row(name: str, overrides: list[str], rec: dict[str, Any] | None, swe
         rec = {**rec, "metrics": {}}
     elif state == "success" and no_metrics:
         error, rec = no_metrics, {**rec, "metrics": {}}
-    ran_with = rec.get("params") or {}
     return {"experiment": name, "state": state, **{k: given.get(k, "") for k in swept},
-            **{k: ran_with.get(k, "") for k in SAMPLING_KEYS if k not in swept},
+            **({} if SAMPLING_KEY in swept else {SAMPLING_KEY: (rec.get("params") or {}).get(SAMPLING_KEY, "")}),
             "rl in-domain": compare.success(rec["metrics"], "rl", "in_domain"),
             "rl ood": compare.success(rec["metrics"], "rl", "ood"),
             "sft in-domain": compare.success(rec["metrics"], "sft", "in_domain"),

@@ -34,9 +34,9 @@ def _section(cls, params: dict, name: str):
         return None
 
 
-def what_ran(params_path: Path, envs: Path, timings_dir: Path) -> str:
-    """The provenance section of the report (params.yaml against the composed defaults of params/)."""
-    params = yaml.safe_load(params_path.read_text()) if params_path.exists() else {}
+def what_ran(params: dict, envs: Path, timings_dir: Path) -> str:
+    """The provenance section of the report (params.yaml, read as `params`, against the composed
+    defaults of params/)."""
     defaults = compose("params") if Path("params/config.yaml").exists() else {}
     budget_cfg, rl = _section(BudgetConfig, params, "budget"), _section(RLConfig, params, "rl")
     budget = {} if budget_cfg is None else {"demonstrations": budget_cfg.n_demos, "RL episodes": budget_cfg.rl_episodes}
@@ -89,11 +89,10 @@ def main() -> None:
         figures[name] = plot_curves(curves, out / png, name, smoothing=smoothing)
         notes[name] = f"No learning curves found under `{run_dir}` (no DVCLive *.tsv files)."
     figures = {name: p.relative_to(out) if p is not None else None for name, p in figures.items()}
-    eval_cfg = _section(EvalConfig, yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else {},
-                        "eval")
-    page = render_report(metrics, figures, notes,
-                         sampled=eval_cfg is None or (eval_cfg.temperature > 0 and eval_cfg.samples > 0))
-    page += "\n" + what_ran(Path(args.params), Path(args.envs), Path(args.timings))
+    params = yaml.safe_load(Path(args.params).read_text()) if Path(args.params).exists() else {}
+    eval_cfg = _section(EvalConfig, params, "eval")
+    page = render_report(metrics, figures, notes, sampled=eval_cfg is None or eval_cfg.temperature > 0)
+    page += "\n" + what_ran(params, Path(args.envs), Path(args.timings))
     (out / "report.md").write_text(page)
     drawn = [str(p) for p in figures.values() if p is not None]
     print(f"report: {out / 'report.md'} with {', '.join(drawn)}")

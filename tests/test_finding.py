@@ -187,30 +187,29 @@ def test_the_page_shows_the_sampled_episodes_recomputed_from_the_rows(sweep_fold
     assert "| [B] | 0 | 20.0 | 20 | 20.0 [8.1, 41.6] n=20 |" in page
 
 
-@pytest.mark.parametrize(("temperature", "samples", "table"), [("0.0", "4", False), ("0.7", "0", False),
-                                                                ("0.7", "4", True), ("", "", True)])
+@pytest.mark.parametrize(("temperature", "table"), [("0.0", False), ("0.7", True), ("", True)])
 def test_a_sweep_that_sampled_no_episodes_says_so_instead_of_a_sampled_table(sweep_folder, tmp_path, temperature,
-                                                                              samples, table):
-    """At eval.temperature 0 (or eval.samples 0) a model's pass@1 is its greedy episode's win: before,
-    the page showed it under "Sampled episodes". The sweep's rows carry both params (flows/sweep.py);
-    rows of an older sweep flow ("") keep the table."""
+                                                                              table):
+    """At eval.temperature 0 a model's pass@1 is its greedy episode's win: before, the page showed it
+    under "Sampled episodes". The sweep's rows carry the temperature (flows/sweep.py); rows of an
+    older sweep flow ("") keep the table."""
     rows = read_csv(sweep_folder / "results.csv")
     for r in rows:
-        r.update({"rl.in_domain.pass@1": r["rl.in_domain.success"], "eval.temperature": temperature,
-                  "eval.samples": samples})
+        r.update({"rl.in_domain.pass@1": r["rl.in_domain.success"], "eval.temperature": temperature})
     _write_csv(sweep_folder / "results.csv", rows)
     summary = seeds.summarise([{**r, "rl.in_domain.pass@1": float(r["rl.in_domain.success"]), "rl.in_domain.n": 20}
                                for r in rows], ["env.levels", "seed"])
     _write_csv(sweep_folder / "summary.csv", summary)
     page = write_page(sweep_folder, tmp_path / "x.md", "X", "claim", "verdict").read_text()
     assert ("## Sampled episodes (pass@1, %)" in page) is table
-    assert ("None: every point was evaluated at eval.temperature 0 or with eval.samples 0" in page) is not table
+    assert ("None: every point was evaluated at eval.temperature 0" in page) is not table
 
 
-def test_sweep_rows_keep_the_sampling_params_each_point_ran_with(tmp_path):
+def test_sweep_rows_keep_the_temperature_each_point_ran_with(tmp_path):
     from flows.sweep import _result_row
 
-    rec = {"state": "failed", "metrics": {}, "log": None, "params": {"eval.temperature": 0.0, "eval.samples": 4}}
-    row = _result_row("p", ["eval.samples=4"], rec, ["eval.samples"], tmp_path, None)
-    assert row["eval.temperature"] == 0.0 and row["eval.samples"] == "4"  # a swept key stays the point's value
+    rec = {"state": "failed", "metrics": {}, "log": None, "params": {"eval.temperature": 0.0}}
+    assert _result_row("p", [], rec, [], tmp_path, None)["eval.temperature"] == 0.0
+    swept = _result_row("p", ["eval.temperature=0"], rec, ["eval.temperature"], tmp_path, None)
+    assert swept["eval.temperature"] == "0"  # a swept key stays the point's value
     assert _result_row("q", [], None, [], tmp_path, None)["eval.temperature"] == ""  # missing: no params

@@ -256,19 +256,19 @@ def render_page(folder: Path, title: str, claim: str, verdict: str, assets: str)
         f"[`summary.csv`]({assets}/summary.csv) (the tables above), [`run.json`]({assets}/run.json).", ""])
 
 
-def sampled_section(summary: list[dict[str, str]], results: list[dict[str, str]] | None = None) -> list[str]:
+def sampled_section(summary: list[dict[str, str]], results: list[dict[str, str]]) -> list[str]:
     """The sampled episodes' success (pass@1: eval.samples per test game at the eval temperature,
     averaged per game) of RL and SFT: a greedy policy can loop where sampling gets out. Nothing for a
     summary.csv written before these columns, nor for a sweep evaluated without pass@1. A sweep whose
-    points sampled no episodes (eval.temperature 0 or eval.samples 0, in `results`' rows): a line
-    saying so, not the table (its pass@1 would be the greedy episode's win under a "sampled" heading)."""
+    points sampled no episodes (eval.temperature 0 in `results`' rows): a line saying so, not the
+    table (its pass@1 would be the greedy episode's win under a "sampled" heading)."""
     if not any(s.get(f"{c} sampled episodes") not in (None, "", "0") for s in summary for c in ("rl in-domain", "sft in-domain")):
         return []  # written before these columns, or evaluated without sampled episodes (no pass@1)
-    ran = [r for r in results or [] if r.get("state") == "success" and r.get("eval.temperature", "") != ""]
-    if ran and not any(float(r["eval.temperature"]) > 0 and float(r.get("eval.samples") or 1) > 0 for r in ran):
+    ran = [r for r in results if r.get("state") == "success" and r.get("eval.temperature", "") != ""]
+    if ran and not any(float(r["eval.temperature"]) > 0 for r in ran):
         return ["## Sampled episodes", "",
-                "None: every point was evaluated at eval.temperature 0 or with eval.samples 0, so each test game "
-                "had only its greedy episode (pass@k repeats greedy success).", ""]
+                "None: every point was evaluated at eval.temperature 0, so each test game had only its greedy "
+                "episode (pass@k repeats greedy success).", ""]
     rl_header, rl_rows = summary_rows(summary, ["rl in-domain sampled", "rl ood sampled"])
     sft_header, sft_rows = summary_rows(summary, ["sft in-domain sampled", "sft ood sampled"])
     return ["## Sampled episodes (pass@1, %)", "",

@@ -78,12 +78,12 @@ def render_report(metrics: dict, figures: dict[str, Path | None], notes: dict[st
                   title: str = "agentrecipe results", sampled: bool = True) -> str:
     """The report page: both tables, then each figure (a path relative to the page) or, for a
     figure that could not be drawn (None), its note. sampled: whether the evaluation sampled
-    episodes (eval.temperature > 0 and eval.samples > 0); if not, a model's pass@k is its greedy
-    episode's win, and the page says so."""
+    episodes (eval.temperature > 0); if not, a model's pass@k is its greedy episode's win, and the
+    page says so."""
     notes = notes or {}
     pass_k = ("pass@k is the unbiased estimate (Chen et al., 2021) from sampled episodes" if sampled else
-              "no model episode was sampled (eval.temperature 0 or eval.samples 0), so a model's pass@k is "
-              "its greedy episode's win")
+              "no model episode was sampled (eval.temperature 0), so a model's pass@k is its greedy "
+              "episode's win")
     parts = [f"# {title}\n",
              "Greedy episodes give success (95% Wilson interval), score (score / max score), turns of won "
              f"episodes and the invalid-action rate; {pass_k}. Failed episodes (environment crash or timeout) "
